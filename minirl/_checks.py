@@ -1,0 +1,32 @@
+"""Argument checks shared by the modules: clear errors that name the argument, never silent broadcasting."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def same_shape(**tensors: Tensor) -> None:
+    """Raise ValueError naming the arguments when the given tensors differ in shape.
+
+    Example: ``same_shape(logprobs=a, ref_logprobs=b)`` with shapes (2, 3) and (2, 4) raises
+    "logprobs has shape (2, 3) but ref_logprobs has shape (2, 4); they must match".
+    """
+    items = list(tensors.items())
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if tuple(t.shape) != tuple(first.shape):
+            raise ValueError(
+                f"{first_name} has shape {tuple(first.shape)} but {name} has shape {tuple(t.shape)}; they must match"
+            )
+
+
+def ndim(name: str, t: Tensor, n: int, shape_doc: str) -> None:
+    """Raise ValueError when ``t`` does not have ``n`` dimensions; ``shape_doc`` names the expected shape."""
+    if t.dim() != n:
+        raise ValueError(f"{name} must have shape {shape_doc}, got {tuple(t.shape)}")
+
+
+def choice(name: str, value, allowed) -> None:
+    """Raise ValueError when ``value`` is not one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; expected one of {sorted(allowed)}")

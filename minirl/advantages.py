@@ -1,0 +1,190 @@
+"""Advantages: group-relative (GRPO, Dr. GRPO), GAE with a critic (PPO), and masked whitening."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import choice, ndim, same_shape
+
+SCALES = ("group", "batch", "none")
+
+
+def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+    """Group-relative advantages: each reward minus its group's mean, optionally divided by a std.
+
+    A_i = (r_i - mean(r_group)) / (std(r_group) + eps) for scale="group" (GRPO, unbiased std, ddof=1);
+    the std of all rewards of the batch for scale="batch"; no division for scale="none" (Dr. GRPO, which argues
+    the std division over-weights groups that are nearly all right or all wrong).
+
+    A group whose rewards are all equal carries no signal and gets exactly 0, never NaN, whatever eps: its
+    centred rewards are set to 0 before the division, so float round-off cannot leave a tiny std to divide by.
+
+    Example: rewards [1, 0, 0, 0], G = 4: mean 0.25, unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5;
+    A = [0.75, -0.25, -0.25, -0.25] / 0.5001 = [1.4997, -0.4999, -0.4999, -0.4999].
+
+    Args:
+        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt).
+        group_size: G >= 1. With G = 1 every advantage is 0 (a group of one has no baseline).
+        scale: "group", "batch" or "none".
+        eps: added to the std (>= 0).
+
+    Returns:
+        (B,) advantages, float.
+
+    Raises:
+        ValueError: if rewards is not 1-D, B is not a multiple of group_size, or scale is unknown.
+
+    Source: Shao et al. 2024 (DeepSeekMath, GRPO), section 4.1.2 (outcome supervision); Liu et al. 2025
+    (Dr. GRPO, "Understanding R1-Zero-Like Training"), eq. 3 and section 3.1.
+    """
+    ndim("rewards", rewards, 1, "(B,)")
+    choice("advantage scale", scale, SCALES)
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+    r = rewards.float().view(-1, group_size)  # (num_groups, G)
+    centred = r - r.mean(dim=1, keepdim=True)  # (num_groups, G)
+    equal = (r == r[:, :1]).all(dim=1, keepdim=True)  # groups with no signal
+    centred = torch.where(equal, torch.zeros_like(centred), centred)
+    if scale == "group":
+        std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
+        centred = centred / (std + eps)
+    elif scale == "batch":
+        std = rewards.float().std() if rewards.numel() > 1 else rewards.new_zeros(())
+        centred = centred / (std + eps)
+    return centred.view(-1)
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95
+        ) -> tuple[Tensor, Tensor]:
+    """Generalised Advantage Estimation over the tokens of each completion.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, computed backwards. The value
+    after a row's last valid token is 0 (the episode ends there): it is never read from padding, so a padded row
+    gives the same numbers on its valid prefix as the unpadded row.
+
+    Example: rewards [0, 0, 1], values [0.5, 0.6, 0.7], gamma 1, lam 0.95:
+    deltas [0.1, 0.1, 0.3]; A_2 = 0.3, A_1 = 0.1 + 0.95 * 0.3 = 0.385, A_0 = 0.1 + 0.95 * 0.385 = 0.46575;
+    returns = A + V = [0.96575, 0.985, 1.0].
+
+    Args:
+        rewards: (B, T) per-token rewards (task score on the last valid token, KL penalties on every token).
+        values: (B, T) critic values V(s_t) of the state before each completion token.
+        mask: (B, T) 1 on valid completion tokens (a prefix of each row).
+        gamma: discount in [0, 1].
+        lam: GAE lambda in [0, 1].
+
+    Returns:
+        (advantages, returns), each (B, T), zero outside the mask; returns = advantages + values (the critic's
+        regression target).
+
+    Raises:
+        ValueError: on shape mismatch or gamma / lam outside [0, 1].
+
+    Source: Schulman et al. 2016 ("High-Dimensional Continuous Control Using GAE"), eq. 16; applied per token in
+    RLHF (Ouyang et al. 2022; Ziegler et al. 2019).
+    """
+    same_shape(rewards=rewards, values=values, mask=mask)
+    ndim("rewards", rewards, 2, "(B, T)")
+    if not (0 <= gamma <= 1 and 0 <= lam <= 1):
+        raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
+    mask = mask.float()
+    rewards, values = rewards.float() * mask, values.float().detach() * mask
+    T = rewards.shape[1]
+    advantages = torch.zeros_like(rewards)
+    next_value = torch.zeros_like(rewards[:, 0])  # V after the last token: 0
+    next_adv = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(T)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        # padding positions carry nothing back: the row's last valid token sees next value 0 and next advantage 0
+        advantages[:, t] = adv_t * mask[:, t]
+        next_value = values[:, t] * mask[:, t]
+        next_adv = advantages[:, t]
+    return advantages, (advantages + values) * mask
+
+
+def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalise ``x`` to unit variance over its valid entries (and zero mean when ``shift_mean``).
+
+    PPO implementations whiten the advantages per batch; shift_mean=False keeps their sign, which some
+    implementations prefer for the rewards. Positions outside the mask are returned as 0.
+
+    Args:
+        x: (B, T) values.
+        mask: (B, T) 1 on valid entries.
+        shift_mean: subtract the masked mean.
+        eps: added to the variance.
+
+    Returns:
+        (B, T) whitened values, 0 outside the mask. With fewer than 2 valid entries, x is only centred (or
+        returned as is), since a variance cannot be estimated.
+
+    Raises:
+        ValueError: on shape mismatch.
+
+    Source: common PPO practice (Huang et al. 2022, "The 37 implementation details of PPO", detail 7).
+    """
+    same_shape(x=x, mask=mask)
+    mask = mask.float()
+    n = mask.sum()
+    if n < 1:
+        return torch.zeros_like(x)
+    mean = (x * mask).sum() / n
+    if n < 2:
+        return ((x - mean) if shift_mean else x) * mask
+    var = (((x - mean) * mask) ** 2).sum() / (n - 1)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return out * mask
+
+
+def group_advantages_to_go(token_rewards: Tensor, mask: Tensor, group_size: int, scale: str = "group",
+                           eps: float = 1e-4) -> Tensor:
+    """Per-token group-relative advantages for per-token rewards (a KL penalty placed in the reward).
+
+    The return-to-go R_t = sum_{t' >= t} r_t' is compared with the group's baseline, the mean of the whole
+    returns R_0 of the group: A_t = (R_t - mean_group(R_0)) / (std_group(R_0) + eps). Reward-to-go (rather than
+    the whole sequence's penalty on every token) is what makes a per-token penalty an unbiased policy gradient:
+    a token is not blamed for penalties earned before it. With the reward only at the last token, R_t = R_0 for
+    every t and this is exactly ``group_advantages``. A group whose R_0 are all equal is only centred (there is
+    no spread to divide by).
+
+    Args:
+        token_rewards: (B, T) per-token rewards, zero outside the mask.
+        mask: (B, T) completion mask.
+        group_size: G; B must be a multiple of G.
+        scale: "group", "batch" or "none" (as in ``group_advantages``).
+        eps: added to the std.
+
+    Returns:
+        (B, T) advantages, zero outside the mask.
+
+    Raises:
+        ValueError: on shape mismatch, unknown scale, or B not a multiple of G.
+
+    Source: Shao et al. 2024 (GRPO) section 4.1.3 (process supervision: advantages as sums of following
+    normalised rewards); reward-to-go: Williams 1992 / Sutton & Barto ch. 13.
+    """
+    same_shape(token_rewards=token_rewards, mask=mask)
+    ndim("token_rewards", token_rewards, 2, "(B, T)")
+    choice("advantage scale", scale, SCALES)
+    if group_size < 1 or token_rewards.shape[0] % group_size != 0:
+        raise ValueError(f"token_rewards has {token_rewards.shape[0]} rows, not a multiple of group_size={group_size}")
+    mask = mask.float()
+    r = token_rewards.float() * mask
+    to_go = r.flip(-1).cumsum(-1).flip(-1)  # (B, T) R_t
+    R0 = to_go[:, 0].view(-1, group_size)  # (num_groups, G)
+    baseline = R0.mean(dim=1, keepdim=True).expand_as(R0).reshape(-1, 1)  # (B, 1)
+    if scale == "none":
+        denom = torch.ones_like(baseline)
+    else:
+        if scale == "group":
+            std = R0.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(R0[:, :1])
+        else:
+            std = R0.reshape(-1).std().expand(R0.shape[0], 1) if R0.numel() > 1 else torch.zeros_like(R0[:, :1])
+        equal = (R0 == R0[:, :1]).all(dim=1, keepdim=True)
+        std = torch.where(equal, torch.ones_like(std) - eps, std)  # equal group: only centred
+        denom = (std + eps).expand_as(R0).reshape(-1, 1)
+    return (to_go - baseline) / denom * mask

@@ -1,0 +1,163 @@
+"""KL estimators k1, k2, k3 and where they go: in the reward (detached) or in the loss (differentiated).
+
+All three estimate KL(policy || ref) from tokens sampled from the policy. Their *values* are well understood
+(Schulman 2020); what is less well known is that the *gradient* you get depends on where the estimate is placed
+(Tang & Munos 2025; notebook 03 shows it exactly):
+
+| estimator | in the reward (detached, REINFORCE)       | in the loss (differentiated)          |
+|-----------|-------------------------------------------|---------------------------------------|
+| k1        | unbiased gradient of KL(pi || ref)        | zero expected gradient                |
+| k2        | grad E_pi[k2] - grad KL(pi || ref)        | unbiased gradient of KL(pi || ref)    |
+| k3        | grad KL(pi || ref) - grad KL(ref || pi)   | gradient of the forward KL(ref || pi) |
+
+(On-policy expectations; ``minirl.kl_toy`` computes every cell exactly by enumeration.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import choice, same_shape
+
+#: Log-ratios are clamped to this magnitude before exp() in k3, so |logprobs - ref_logprobs| up to 50 (and beyond)
+#: stays finite. exp(20) ~ 4.9e8 is far outside anything a sane run reaches; the clamp only guards against inf/NaN.
+LOG_RATIO_CLAMP = 20.0
+
+ESTIMATORS = ("k1", "k2", "k3")
+PLACEMENTS = ("reward", "loss")
+
+
+def k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Naive estimate of KL(policy || ref) per sampled token: log pi - log ref.
+
+    Unbiased for the KL's value but high variance, and negative for some samples. Placed in the reward (detached)
+    it gives the unbiased policy gradient of the KL; differentiated inside a loss its expected gradient is zero,
+    because E_pi[grad log pi] = 0.
+
+    Args:
+        logprobs: (B, T) log-probabilities of the sampled tokens under the policy (nats).
+        ref_logprobs: (B, T) the same tokens under the reference model.
+
+    Returns:
+        (B, T) estimates in nats; positions outside the completion mask are meaningless, mask them.
+
+    Raises:
+        ValueError: if the two shapes differ.
+
+    Source: J. Schulman, "Approximating KL Divergence" (2020), k1; in the reward as in InstructGPT
+    (Ouyang et al. 2022, eq. 2).
+    """
+    same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return logprobs - ref_logprobs
+
+
+def k2(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Squared-log-ratio estimate of KL(policy || ref) per token: 0.5 * (log pi - log ref)^2.
+
+    Biased for the value (it is an f-divergence that matches the KL to second order) but never negative and low
+    variance. Differentiated in the loss, its expected gradient equals the true gradient of KL(pi || ref).
+
+    Args:
+        logprobs: (B, T) log-probabilities of the sampled tokens under the policy (nats).
+        ref_logprobs: (B, T) the same tokens under the reference model.
+
+    Returns:
+        (B, T) estimates in nats (>= 0); mask positions outside the completion.
+
+    Raises:
+        ValueError: if the two shapes differ.
+
+    Source: J. Schulman, "Approximating KL Divergence" (2020), k2; gradient equivalence: Tang & Munos (2025).
+    """
+    same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
+    """Low-variance unbiased estimate of KL(policy || ref) per token: r - 1 - log r with r = ref / pi.
+
+    Its mean is the KL and it is never negative; differentiated inside a loss, though, its expected gradient is that
+    of the forward KL(ref || pi), not of the reverse KL the penalty is meant to be (notebook 03 shows this exactly).
+
+    The log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] (20 nats) before exp, so extreme inputs give
+    finite values and gradients; inside the clamp the function is exact. Outside it the gradient of the exp term is
+    zero and only the linear term (-log r) still pulls.
+
+    Args:
+        logprobs: (B, T) log-probabilities of the sampled tokens under the policy (nats).
+        ref_logprobs: (B, T) the same tokens under the reference model.
+
+    Returns:
+        (B, T) estimates in nats (>= 0); mask positions outside the completion.
+
+    Raises:
+        ValueError: if the two shapes differ.
+
+    Source: J. Schulman, "Approximating KL Divergence" (2020), k3; used in the loss by GRPO
+    (Shao et al. 2024, DeepSeekMath, eq. 4).
+    """
+    same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
+    log_r = ref_logprobs - logprobs  # (B, T)
+    return torch.clamp(log_r, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() - 1 - log_r
+
+
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
+    """Dispatch to ``k1``, ``k2`` or ``k3`` by name. (B, T) -> (B, T).
+
+    Raises:
+        ValueError: for an unknown estimator name, or if the shapes differ.
+    """
+    choice("kl estimator", estimator, ESTIMATORS)
+    return {"k1": k1, "k2": k2, "k3": k3}[estimator](logprobs, ref_logprobs)
+
+
+def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, beta: float, estimator: str = "k1"
+                 ) -> Tensor:
+    """Place the KL penalty in the reward: r_t <- r_t - beta * sg[k(t)], a per-token reward, detached.
+
+    The penalty then reaches the policy only through the advantages (reward-to-go), as any other reward would:
+    a REINFORCE estimate. With k1 this is the unbiased gradient of KL(pi || ref) (the RLHF/PPO placement).
+
+    Args:
+        token_rewards: (B, T) per-token rewards (task score usually at the last completion token).
+        logprobs: (B, T) the policy's log-probs of the sampled tokens (the behaviour policy's, at rollout time).
+        ref_logprobs: (B, T) the reference model's log-probs of the same tokens.
+        beta: KL coefficient (>= 0).
+        estimator: "k1", "k2" or "k3".
+
+    Returns:
+        (B, T) shaped rewards. Mask them with the completion mask before use.
+
+    Raises:
+        ValueError: on shape mismatch, unknown estimator, or beta < 0.
+
+    Source: Ouyang et al. 2022 (InstructGPT), eq. 2; placement analysis: Tang & Munos 2025.
+    """
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta}")
+    same_shape(token_rewards=token_rewards, logprobs=logprobs)
+    return token_rewards - beta * kl_estimate(logprobs, ref_logprobs, estimator).detach()
+
+
+def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+    """Place the KL in the loss: the per-token estimate, *differentiated* through ``logprobs``.
+
+    The caller adds ``beta * aggregate(kl_in_loss(...), mask, mode)`` to the policy loss. ``ref_logprobs`` is
+    detached (the reference is frozen). With k3 this is GRPO's choice; its expected gradient is that of the forward
+    KL. k2 in the loss gives the unbiased reverse-KL gradient; k1 in the loss gives zero in expectation.
+
+    Args:
+        logprobs: (B, T) current policy log-probs (with grad).
+        ref_logprobs: (B, T) reference log-probs.
+        estimator: "k1", "k2" or "k3".
+
+    Returns:
+        (B, T) per-token KL terms, to be aggregated like the policy loss.
+
+    Raises:
+        ValueError: on shape mismatch or unknown estimator.
+
+    Source: Shao et al. 2024 (DeepSeekMath, GRPO), eq. 3-4; Tang & Munos 2025.
+    """
+    return kl_estimate(logprobs, ref_logprobs.detach(), estimator)

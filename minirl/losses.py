@@ -1,0 +1,239 @@
+"""Policy and value losses. Per-token terms are kept apart from their aggregation, because the aggregation is one of
+the things the algorithms disagree about (GRPO vs DAPO vs Dr. GRPO)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._checks import choice, ndim, same_shape
+
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+LEVELS = ("token", "sequence", "sequence-token")
+
+#: Log-ratios are clamped to +-20 nats before exp(): a ratio of e^20 ~ 4.9e8 is already meaningless, and the clamp
+#: keeps a wild off-policy token from producing inf (and then NaN gradients). Inside the clamp the loss is exact.
+LOG_RATIO_CLAMP = 20.0
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None,
+              denominator: float | None = None) -> Tensor:
+    """Reduce a (B, T) per-token loss to a scalar, the way each algorithm does.
+
+    - "token-mean" (DAPO eq. 12): sum over every valid token of the batch / number of valid tokens; every token
+      weighs the same, so long completions weigh more in total.
+    - "seq-mean-token-mean" (GRPO eq. 3): mean over each sequence's tokens, then mean over sequences; a token of a
+      short completion weighs more than one of a long completion.
+    - "seq-mean-token-sum": sum over each sequence's tokens, then mean over sequences.
+    - "seq-mean-token-sum-norm" (Dr. GRPO, Liu et al. 2025, eq. 2 / their loss "sum / (B * max_tokens)"):
+      sum over each sequence / max_tokens (a constant), then mean over sequences; no length bias.
+
+    Rows with no valid token are left out of the sequence means, and a fully masked batch gives 0 (not NaN).
+
+    Example: per-token [[2,2,2,0],[10,0,0,0]], mask [[1,1,1,0],[1,0,0,0]]: token-mean (2+2+2+10)/4 = 4.0;
+    seq-mean-token-mean (2 + 10)/2 = 6.0; seq-mean-token-sum-norm, max_tokens 4: (6/4 + 10/4)/2 = 2.0.
+
+    Args:
+        per_token: (B, T) per-token loss terms.
+        mask: (B, T) 1 on tokens that count (completion mask, possibly with overlong-filtered rows zeroed).
+        mode: one of ``AGGREGATIONS``.
+        max_tokens: the constant normaliser of "seq-mean-token-sum-norm" (usually the generation budget);
+            defaults to T.
+        denominator: when given, replaces this batch's own count (valid tokens for "token-mean", valid sequences
+            for the others). Under gradient accumulation, pass the FULL batch's count to every micro-batch; the
+            micro-batch losses then add up to exactly the full batch's loss.
+
+    Returns:
+        A scalar tensor.
+
+    Raises:
+        ValueError: on shape mismatch, unknown mode, non-positive max_tokens or denominator.
+    """
+    same_shape(per_token=per_token, mask=mask)
+    ndim("per_token", per_token, 2, "(B, T)")
+    choice("aggregation mode", mode, AGGREGATIONS)
+    if denominator is not None and denominator <= 0:
+        raise ValueError(f"denominator must be > 0, got {denominator}")
+    mask = mask.to(per_token.dtype)
+    masked = per_token * mask  # (B, T)
+    tokens_per_seq = mask.sum(-1)  # (B,)
+    if mode == "token-mean":
+        count = denominator if denominator is not None else tokens_per_seq.sum()
+        return masked.sum() / count if denominator is not None or count > 0 else masked.sum() * 0
+    valid_seq = tokens_per_seq > 0  # (B,)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(-1) / tokens_per_seq.clamp(min=1)  # (B,)
+    elif mode == "seq-mean-token-sum":
+        per_seq = masked.sum(-1)
+    else:
+        max_tokens = per_token.shape[1] if max_tokens is None else max_tokens
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
+        per_seq = masked.sum(-1) / max_tokens
+    count = denominator if denominator is not None else valid_seq.sum()
+    if denominator is None and count == 0:
+        return masked.sum() * 0  # keeps the graph, gives 0 rather than 0/0
+    return (per_seq * valid_seq).sum() / count
+
+
+def _clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
+                       dual_clip: float | None) -> Tensor:
+    """Per-element PPO loss: max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)), dual-clipped for A < 0."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    loss = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        # Dual-clip PPO (Ye et al. 2020, eq. 5): for A < 0 the loss is capped at dual_clip * |A|, so one token with
+        # a huge ratio cannot dominate the batch.
+        loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
+    return loss
+
+
+def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float = 0.2,
+                eps_high: float | None = None, level: str = "token", agg: str = "token-mean",
+                dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None
+                ) -> tuple[Tensor, dict]:
+    """The clipped policy-gradient loss of PPO / GRPO / DAPO (token ratios) and GSPO (sequence ratios).
+
+    - level="token" (PPO eq. 7, GRPO eq. 3, DAPO eq. 8): r_t = pi(y_t) / pi_old(y_t); the loss per token is
+      max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)), then ``aggregate``d with ``agg``.
+    - level="sequence" (GSPO, Zheng et al. 2025, eq. 5-7): one ratio per sequence, the geometric mean
+      s_i = exp(mean_t log(pi/pi_old)), one clipped term per sequence, averaged over sequences. ``agg`` must be
+      "seq-mean-token-mean" (the only reading of GSPO's objective; a sequence term is never spread over tokens).
+    - level="sequence-token" (GSPO-token, eq. 13-14): s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], which has the value
+      of s_i and the gradient of s_i when advantages are constant per sequence, but admits per-token advantages.
+
+    Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp. ``old_logprobs`` is detached.
+
+    Example: on-policy, logprobs = old_logprobs = -1.0, A = +1: ratio 1, loss -1, d loss / d logprobs = -1.
+    After an update to -0.8: ratio e^0.2 = 1.2214 > 1.2, so with eps 0.2/0.2 the loss is -1.2 with gradient 0
+    (clipped); with eps_high 0.28 it is -1.221403 with gradient -1.221403.
+
+    Args:
+        logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
+        old_logprobs: (B, T) behaviour-policy log-probs of the same tokens.
+        advantages: (B,) one per sequence, or (B, T) per token (not with level="sequence").
+        mask: (B, T) 1 on tokens that count.
+        eps_low: lower clip range (ratio >= 1 - eps_low), in [0, 1).
+        eps_high: upper clip range (ratio <= 1 + eps_high); defaults to eps_low. DAPO's clip-higher uses 0.28.
+        level: "token", "sequence" or "sequence-token".
+        agg: aggregation mode (see ``aggregate``).
+        dual_clip: optional c > 1 of dual-clip PPO.
+        max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence").
+
+    Returns:
+        (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens, or sequences at
+        level="sequence", whose gradient the clip removed, on the low / high side), clip_frac (their sum),
+        ratio_mean / ratio_min / ratio_max, approx_kl (mean k3 estimate of KL(pi_old || pi) per token).
+
+    Raises:
+        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps or
+            level / agg are invalid.
+    """
+    same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
+    ndim("logprobs", logprobs, 2, "(B, T)")
+    choice("level", level, LEVELS)
+    eps_high = eps_low if eps_high is None else eps_high
+    if not (0 <= eps_low < 1 and eps_high >= 0):
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    B, T = logprobs.shape
+    if advantages.shape == (B,):
+        advantages = advantages.unsqueeze(1).expand(B, T)  # (B, T)
+    elif advantages.shape != (B, T) or level == "sequence":
+        raise ValueError(f"advantages must have shape ({B},) or ({B}, {T}) (only (B,) at level='sequence'), "
+                         f"got {tuple(advantages.shape)}")
+    advantages = advantages.detach().to(logprobs.dtype)
+    mask = mask.to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs.detach()) * mask  # (B, T)
+
+    if level == "token":
+        ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
+        per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)
+        loss = aggregate(per_token, mask, agg, max_tokens, denominator)
+        stats = _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+    else:
+        n_tokens = mask.sum(-1).clamp(min=1)  # (B,)
+        seq_log_ratio = (log_ratio.sum(-1) / n_tokens).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B,)
+        seq_ratio = seq_log_ratio.exp()  # (B,) geometric mean of the token ratios
+        if level == "sequence":
+            if agg != "seq-mean-token-mean":
+                raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', "
+                                 f"got {agg!r}")
+            per_seq = _clipped_surrogate(seq_ratio, advantages[:, 0], eps_low, eps_high, dual_clip)  # (B,)
+            valid = (mask.sum(-1) > 0).to(per_seq.dtype)
+            count = denominator if denominator is not None else valid.sum()
+            loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
+            stats = _ratio_stats(seq_ratio.unsqueeze(1), advantages[:, :1], valid.unsqueeze(1), eps_low, eps_high)
+        else:  # sequence-token: value of s_i, gradient flows through each token's own log-prob
+            ratio = seq_ratio.detach().unsqueeze(1) * torch.exp(logprobs - logprobs.detach())  # (B, T)
+            per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)
+            loss = aggregate(per_token, mask, agg, max_tokens, denominator)
+            stats = _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+    # k3 estimate of KL(pi_old || pi) from samples of pi_old: the usual "approx_kl" diagnostic of PPO
+    neg = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    n = mask.sum().clamp(min=1)
+    stats["approx_kl"] = float((((neg.exp() - 1 - neg) * mask).sum() / n).detach())
+    return loss, stats
+
+
+def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> dict:
+    """Clip fractions (where the clip zeroed the gradient) and ratio summaries over valid entries."""
+    with torch.no_grad():
+        valid = mask > 0
+        n = valid.sum().clamp(min=1)
+        low = ((ratio < 1 - eps_low) & (advantages < 0) & valid).sum() / n
+        high = ((ratio > 1 + eps_high) & (advantages > 0) & valid).sum() / n
+        r = ratio[valid]
+        empty = r.numel() == 0
+        return {
+            "clip_frac_low": float(low), "clip_frac_high": float(high), "clip_frac": float(low + high),
+            "ratio_mean": 1.0 if empty else float(r.mean()),
+            "ratio_min": 1.0 if empty else float(r.min()),
+            "ratio_max": 1.0 if empty else float(r.max()),
+        }
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2,
+               agg: str = "token-mean", denominator: float | None = None) -> tuple[Tensor, dict]:
+    """Clipped value loss of RLHF-style PPO: 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old).
+
+    The clip keeps the critic from moving further than ``clip`` from its rollout-time prediction in one rollout's
+    updates, like the ratio clip does for the policy; taking the max makes it pessimistic.
+
+    Args:
+        values: (B, T) current critic predictions (with grad).
+        old_values: (B, T) predictions at rollout time.
+        returns: (B, T) regression targets (GAE returns).
+        mask: (B, T) 1 on valid tokens.
+        clip: the clip range (> 0), or None for the plain squared error.
+        agg, denominator: see ``aggregate``.
+
+    Returns:
+        (loss, stats) with stats value_clip_frac (share of tokens where the clipped branch is the larger) and
+        value_mean.
+
+    Raises:
+        ValueError: on shape mismatch or clip <= 0.
+
+    Source: Ziegler et al. 2019 / OpenAI lm-human-preferences; Huang et al. 2022 ("37 implementation details of
+    PPO", detail 9).
+    """
+    same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
+    if clip is not None and clip <= 0:
+        raise ValueError(f"clip must be > 0 or None, got {clip}")
+    old_values, returns = old_values.detach(), returns.detach()
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        per_token, clipped_branch = 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)
+    else:
+        v_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        clipped = (v_clipped - returns) ** 2
+        per_token = 0.5 * torch.maximum(unclipped, clipped)
+        clipped_branch = clipped > unclipped
+    loss = aggregate(per_token, mask, agg, denominator=denominator)
+    with torch.no_grad():
+        m = mask > 0
+        n = m.sum().clamp(min=1)
+        stats = {"value_clip_frac": float((clipped_branch & m).sum() / n),
+                 "value_mean": float((values * m).sum() / n)}
+    return loss, stats

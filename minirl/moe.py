@@ -1,0 +1,182 @@
+"""Router statistics and Routing Replay for transformers Mixture-of-Experts models.
+
+In an MoE model each token picks its top-k experts per layer. After an optimiser step some of those choices change,
+so the "same" token is computed by different experts under the old and the new policy and the token-level
+importance ratio pi/pi_old mixes a policy change with a routing change. Routing Replay records the experts chosen
+when the old log-probs were computed and forces them when the new log-probs are computed, so the ratio compares
+like with like. GRPO needed it to train MoE models stably; GSPO's sequence-level ratio is robust enough to do
+without it (Zheng et al. 2025, section 5.3).
+
+Both context managers work on any router that follows the transformers 5 contract
+``router(hidden_states) -> (router_logits, router_scores, router_indices)`` (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
+Tokens are recorded during the rollout's full-sequence forward that computes the behaviour log-probs (not during
+``generate``'s incremental decoding), so recorded and replayed forwards see the same (B, L) token grid.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+def routers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's router modules, in layer order (classes whose name ends in "TopKRouter")."""
+    found = [m for m in model.modules() if type(m).__name__.endswith("TopKRouter")]
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no MoE router modules (classes named '*TopKRouter')")
+    return found
+
+
+@dataclass
+class Routes:
+    """Recorded routing: ``indices[l]`` is (B, L, k) long, the experts each token used in layer l;
+    ``entropy[l]`` is (B, L), the entropy (nats) of the router's softmax per token."""
+
+    indices: list[Tensor] = field(default_factory=list)
+    entropy: list[Tensor] = field(default_factory=list)
+
+    def select(self, rows: Tensor | list[int]) -> Routes:
+        """The routes of a subset of the batch's rows (for a minibatch of the recorded batch)."""
+        rows = torch.as_tensor(rows, device=self.indices[0].device)
+        return Routes([ix[rows] for ix in self.indices], [h[rows] for h in self.entropy])
+
+
+def _input_shape(model: torch.nn.Module, args, kwargs) -> tuple[int, int]:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        raise ValueError("routing record/replay needs the model to be called with input_ids")
+    return tuple(ids.shape)
+
+
+@contextmanager
+def record_routing(model: torch.nn.Module):
+    """Record the top-k experts of every token in every MoE layer while the block runs.
+
+    Usage::
+
+        with record_routing(model) as routes:
+            logprobs = token_logprobs(model, input_ids, attention_mask, P)
+        routes.indices[0].shape  # (B, L, k)
+
+    Several forwards inside the block (micro-batches of equal length L) are concatenated along the batch.
+    The routes object is filled when the block exits.
+
+    Raises:
+        ValueError: if the model has no routers, or the forwards inside the block differ in length.
+    """
+    layers = routers(model)
+    per_layer = [[] for _ in layers]
+    ent_layer = [[] for _ in layers]
+    shapes = []
+    routes = Routes()
+
+    def on_model(module, args, kwargs):
+        shapes.append(_input_shape(module, args, kwargs))
+
+    def make_hook(i):
+        def hook(module, inputs, output):
+            logits, _, indices = output
+            B, L = shapes[-1]
+            per_layer[i].append(indices.detach().reshape(B, L, -1))
+            logp = torch.log_softmax(logits.detach().float(), dim=-1)
+            ent_layer[i].append(-(logp.exp() * logp).sum(-1).reshape(B, L))
+        return hook
+
+    handles = [model.register_forward_pre_hook(on_model, with_kwargs=True)]
+    handles += [r.register_forward_hook(make_hook(i)) for i, r in enumerate(layers)]
+    try:
+        yield routes
+    finally:
+        for h in handles:
+            h.remove()
+    if len({L for _, L in shapes}) > 1:
+        raise ValueError(f"record_routing saw forwards of different lengths {sorted({L for _, L in shapes})}")
+    routes.indices = [torch.cat(x, dim=0) for x in per_layer]
+    routes.entropy = [torch.cat(x, dim=0) for x in ent_layer]
+
+
+@contextmanager
+def replay_routing(model: torch.nn.Module, routes: Routes):
+    """Force the recorded experts in every MoE layer while the block runs; the weights stay live.
+
+    For each token the experts are the recorded ones, but their mixing weights are recomputed from the CURRENT
+    router: softmax(router_logits) gathered at the forced experts (renormalised over them when the router
+    renormalises its top-k). The router therefore keeps its gradient, and only the discrete choice is frozen.
+
+    Each forward inside the block must have the recorded shape (B, L): select rows first with
+    ``routes.select(rows)`` for a minibatch.
+
+    Raises:
+        ValueError: if the number of routers or the token count of a forward differs from the recording.
+
+    Source: Zheng et al. 2025 (GSPO), section 5.3, "Routing Replay"; the same idea as rollout routing replay in
+    later MoE RL work.
+    """
+    layers = routers(model)
+    if len(layers) != len(routes.indices):
+        raise ValueError(f"routes hold {len(routes.indices)} layers but the model has {len(layers)} routers")
+
+    def make_hook(i):
+        def hook(module, inputs, output):
+            logits, scores, _ = output
+            forced = routes.indices[i].reshape(-1, routes.indices[i].shape[-1]).to(logits.device)  # (N, k)
+            if forced.shape[0] != logits.shape[0]:
+                raise ValueError(f"layer {i}: the forward has {logits.shape[0]} tokens but the routes hold "
+                                 f"{forced.shape[0]}; select the matching rows with routes.select(rows)")
+            probs = torch.softmax(logits, dim=-1, dtype=torch.float)  # (N, E), live: keeps the router's gradient
+            weights = probs.gather(-1, forced)  # (N, k)
+            if getattr(module, "norm_topk_prob", True):
+                weights = weights / weights.sum(-1, keepdim=True)
+            return logits, weights.to(scores.dtype), forced
+        return hook
+
+    handles = [r.register_forward_hook(make_hook(i)) for i, r in enumerate(layers)]
+    try:
+        yield routes
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def routing_change_fraction(routes_a: Routes, routes_b: Routes, mask: Tensor | None = None,
+                            per_layer: bool = False) -> float | list[float]:
+    """Share of token-expert choices that differ between two recordings of the same tokens.
+
+    For each layer and token, the experts in a but not in b, divided by k (the order within the top-k is
+    ignored). Averaged over valid tokens (``mask`` (B, L), default all) and layers.
+
+    Raises:
+        ValueError: if the recordings differ in layers or shapes.
+
+    Source: the measurement behind GSPO's "about 10% of the activated experts change after each update"
+    (Zheng et al. 2025, section 5.3).
+    """
+    if len(routes_a.indices) != len(routes_b.indices):
+        raise ValueError("routes_a and routes_b have different numbers of layers")
+    fractions = []
+    for a, b in zip(routes_a.indices, routes_b.indices, strict=True):
+        if a.shape != b.shape:
+            raise ValueError(f"routes_a has shape {tuple(a.shape)} but routes_b has {tuple(b.shape)}")
+        k = a.shape[-1]
+        shared = (a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1).sum(-1)  # (B, L) experts of a also in b
+        changed = (k - shared).float() / k
+        m = torch.ones_like(changed) if mask is None else mask.float().to(changed.device)
+        fractions.append(float((changed * m).sum() / m.sum().clamp(min=1)))
+    return fractions if per_layer else sum(fractions) / len(fractions)
+
+
+def expert_load(routes: Routes, num_experts: int, mask: Tensor | None = None) -> Tensor:
+    """(n_layers, num_experts) share of the valid token-expert assignments each expert received (rows sum to 1).
+
+    A balanced router gives 1 / num_experts everywhere; collapse shows as a few experts taking most tokens.
+    """
+    loads = []
+    for ix in routes.indices:
+        m = torch.ones(ix.shape[:2], device=ix.device) if mask is None else mask.float().to(ix.device)
+        w = m.unsqueeze(-1).expand_as(ix).reshape(-1)
+        counts = torch.zeros(num_experts, device=ix.device).index_add_(0, ix.reshape(-1), w)
+        loads.append(counts / counts.sum().clamp(min=1))
+    return torch.stack(loads)

@@ -1,0 +1,70 @@
+"""The standard figures of a run: reward and accuracy, KL, clip fractions, entropy, completion length."""
+
+from __future__ import annotations
+
+import matplotlib
+
+if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline", "inline"):
+    matplotlib.use("Agg")  # headless by default (CLI, CI); notebooks keep their inline backend
+import matplotlib.pyplot as plt  # noqa: E402
+
+PANELS = [
+    ("reward / accuracy", [("accuracy", "train accuracy (sampled)"), ("eval_accuracy", "held-out accuracy (sampled)"),
+                           ("eval_greedy_accuracy", "held-out accuracy (greedy)")], "share of completions"),
+    ("KL to reference", [("kl_ref", "k-estimate per token")], "nats / token"),
+    ("clip fraction", [("clip_frac_low", "low side"), ("clip_frac_high", "high side")], "share of tokens"),
+    ("entropy", [("entropy", "policy entropy")], "nats / token"),
+    ("completion length", [("completion_length", "mean length")], "tokens"),
+    ("grad norm", [("grad_norm", "policy grad norm (before clipping)")], "L2 norm"),
+]
+
+
+def plot_history(history, title: str = "", keys_missing_ok: bool = True):
+    """A 2 x 3 grid of the standard learning curves of one ``History``; panels with no data say so.
+
+    Returns:
+        The matplotlib Figure.
+    """
+    fig, axes = plt.subplots(2, 3, figsize=(13, 6.5))
+    for ax, (name, series, unit) in zip(axes.flat, PANELS, strict=True):
+        drawn = False
+        for key, label in series:
+            steps, vals = history.series(key)
+            if vals:
+                ax.plot(steps, vals, marker="o" if len(vals) < 8 else None, label=label)
+                drawn = True
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(name)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(unit)
+        if drawn:
+            ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def compare_runs(histories: dict, key: str, ylabel: str, title: str = "", ax=None, smooth: int = 1):
+    """Overlay one metric of several runs (``{label: History}``); ``smooth`` > 1 applies a trailing moving mean.
+
+    Returns:
+        The matplotlib Axes.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    for label, h in histories.items():
+        steps, vals = h.series(key)
+        if smooth > 1 and len(vals) >= smooth:
+            vals = [sum(vals[max(0, i - smooth + 1):i + 1]) / len(vals[max(0, i - smooth + 1):i + 1])
+                    for i in range(len(vals))]
+        ax.plot(steps, vals, label=label)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax

@@ -1,0 +1,271 @@
+"""Rollouts: G sampled completions per prompt, their masks, truncation flags and token log-probs.
+
+Sampling uses transformers' ``generate``. The behaviour log-probs are then recomputed by one ordinary forward pass
+at the SAME temperature the sampler used (``token_logprobs``): that is the distribution the tokens were really
+drawn from, so at the first optimisation step the importance ratio is exactly 1. (A classic bug is to sample at
+temperature 0.7 and compute the log-probs at 1.0: every ratio is then off before any update.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ._checks import choice, ndim, same_shape
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled completions, laid out group by group (the G samples of prompt i are rows i*G..i*G+G-1).
+
+    Fields (B = number of prompts x group_size, P = padded prompt length, T = completion length):
+        input_ids: (B, P + T) left-padded prompt followed by the completion (pad after EOS).
+        attention_mask: (B, P + T) 1 on real prompt tokens and on completion tokens up to and including EOS.
+        completion_ids: (B, T) sampled tokens.
+        completion_mask: (B, T) float, 1 up to and including the first EOS.
+        truncated: (B,) bool, True when the completion has no EOS (cut at max_new_tokens).
+        prompt_index: (B,) long, index of the prompt (in the list passed to ``generate``) of each row.
+        completions: the decoded completion texts (special tokens dropped), B strings.
+        logprobs: (B, T) behaviour log-probs of the sampled tokens at the sampling temperature, 0 where masked.
+        group_size: G.
+        routes: the recorded MoE routing of the behaviour forward (``moe.Routes``), when asked for.
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    truncated: Tensor
+    prompt_index: Tensor
+    completions: list[str]
+    logprobs: Tensor
+    group_size: int
+    routes: object = None
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return self.input_ids.shape[1] - self.completion_ids.shape[1]
+
+    @property
+    def lengths(self) -> Tensor:
+        """(B,) number of valid completion tokens (EOS included)."""
+        return self.completion_mask.sum(-1)
+
+
+def completion_mask(completion_ids: Tensor, eos_token_id: int | Sequence[int]) -> Tensor:
+    """1 for every token up to and including the first EOS, 0 after it; a row with no EOS is all ones (truncated).
+
+    The mask is never inferred from the pad id: a model may legitimately sample the pad token, and some tokenizers
+    use the same id for pad and EOS.
+
+    Example (EOS 2, pad 0): [[5,7,2,0,0],[5,2,9,9,9],[4,4,4,4,4]] -> [[1,1,1,0,0],[1,1,0,0,0],[1,1,1,1,1]].
+
+    Args:
+        completion_ids: (B, T) sampled token ids.
+        eos_token_id: one id or a list of ids (e.g. Llama-3's several end tokens); any of them ends a completion.
+
+    Returns:
+        (B, T) float mask.
+
+    Raises:
+        ValueError: if completion_ids is not 2-D or the EOS list is empty.
+    """
+    ndim("completion_ids", completion_ids, 2, "(B, T)")
+    eos = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    if eos.numel() == 0:
+        raise ValueError("eos_token_id must be an id or a non-empty list of ids")
+    is_eos = torch.isin(completion_ids, eos.to(completion_ids.device))  # (B, T)
+    # tokens strictly after the first EOS have at least one EOS before them
+    eos_before = torch.cumsum(is_eos.long(), dim=1) - is_eos.long()  # (B, T)
+    return (eos_before == 0).float()
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """Positions that skip left padding: the first real token is position 0, as ``generate`` numbers them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int,
+                   temperature: float = 1.0, return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
+
+    The logits at position t predict token t+1, so the completion's log-probs come from positions
+    P-1 .. P+T-2. Position ids skip the left padding exactly as ``generate`` does, so a rollout's log-probs are
+    reproduced to float precision.
+
+    Args:
+        model: a causal LM returning ``.logits`` of shape (B, L, V).
+        input_ids: (B, L) prompt + completion, L = P + T.
+        attention_mask: (B, L).
+        n_prompt_tokens: P, the padded prompt length; the completion is ``input_ids[:, P:]``.
+        temperature: the sampling temperature (> 0) the completion was drawn at.
+        return_entropy: also return the (B, T) entropy (nats) of the temperature-scaled next-token distribution.
+
+    Returns:
+        (B, T) log-probs (nats) of the completion tokens, with grad if the model has grad enabled; positions after
+        EOS hold the log-prob of the pad token and must be masked. With ``return_entropy``, (logprobs, entropy).
+
+    Raises:
+        ValueError: on shape mismatch, P outside [1, L), or temperature <= 0.
+    """
+    ndim("input_ids", input_ids, 2, "(B, L)")
+    same_shape(input_ids=input_ids, attention_mask=attention_mask)
+    L = input_ids.shape[1]
+    if not 1 <= n_prompt_tokens < L:
+        raise ValueError(f"n_prompt_tokens must be in [1, {L}) for input_ids of length {L}, got {n_prompt_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    logits = out.logits[:, n_prompt_tokens - 1:-1].float() / temperature  # (B, T, V)
+    logp_all = F.log_softmax(logits, dim=-1)  # (B, T, V)
+    targets = input_ids[:, n_prompt_tokens:]  # (B, T)
+    logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    if not return_entropy:
+        return logprobs
+    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
+    return logprobs, entropy
+
+
+def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "sum") -> Tensor:
+    """Per-sequence log-probability from per-token log-probs: the masked sum, or the masked mean.
+
+    DPO uses the sum (the sequence's log-likelihood); SimPO and TRL's IPO use the mean (length-normalised).
+
+    Args:
+        token_logprobs: (B, T) log-probs (nats).
+        mask: (B, T) 1 on valid tokens.
+        reduction: "sum" or "mean".
+
+    Returns:
+        (B,) per-sequence log-probs (nats, or nats per token for "mean").
+
+    Raises:
+        ValueError: on shape mismatch, unknown reduction, or (for "mean") a row with no valid token, whose mean
+            is undefined (never returned as NaN).
+    """
+    same_shape(token_logprobs=token_logprobs, mask=mask)
+    choice("reduction", reduction, ("sum", "mean"))
+    mask = mask.to(token_logprobs.dtype)
+    total = (token_logprobs * mask).sum(-1)  # (B,)
+    if reduction == "sum":
+        return total
+    n = mask.sum(-1)
+    if (n == 0).any():
+        rows = (n == 0).nonzero().flatten().tolist()
+        raise ValueError(f"mask has rows with no valid token {rows}; their mean log-prob is undefined")
+    return total / n
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
+             temperature: float = 1.0, greedy: bool = False, record_routes: bool = False) -> Rollout:
+    """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
+
+    Sampling is plain ancestral sampling from softmax(logits / temperature): top-k and top-p are switched off,
+    because the loss assumes the tokens came from exactly the distribution ``token_logprobs`` computes.
+
+    Args:
+        model: a causal LM (put in eval mode for sampling, restored afterwards).
+        tokenizer: the model's tokenizer (left padding, EOS set).
+        prompts: N prompt strings.
+        group_size: G >= 1 completions per prompt.
+        max_new_tokens: the completion budget; completions without EOS by then are ``truncated``.
+        temperature: sampling temperature (> 0). The behaviour log-probs use the same value.
+        greedy: take the argmax instead of sampling (for evaluation); log-probs are still at ``temperature``.
+        record_routes: for an MoE model, record the experts each token used in the behaviour forward
+            (``moe.record_routing``), for Routing Replay during training.
+
+    Returns:
+        A ``Rollout`` with B = N * G rows, grouped by prompt.
+
+    Raises:
+        ValueError: if group_size < 1, max_new_tokens < 1, temperature <= 0 or prompts is empty.
+    """
+    if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or len(prompts) == 0:
+        raise ValueError(f"need group_size >= 1 (got {group_size}), max_new_tokens >= 1 (got {max_new_tokens}), "
+                         f"temperature > 0 (got {temperature}) and at least one prompt (got {len(prompts)})")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
+    prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
+    prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
+    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling)
+    P = prompt_ids.shape[1]
+    completion_ids = out[:, P:]  # (B, T)
+    mask = completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T)
+    truncated = ~torch.isin(completion_ids, torch.tensor(tokenizer.eos_token_id, device=device)).any(-1)
+    attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # (B, P + T)
+    routes = None
+    if record_routes:
+        from .moe import record_routing
+
+        with record_routing(model) as routes:
+            logprobs = token_logprobs(model, out, attention_mask, P, temperature) * mask  # (B, T)
+    else:
+        logprobs = token_logprobs(model, out, attention_mask, P, temperature) * mask  # (B, T)
+    model.train(was_training)
+    return Rollout(
+        input_ids=out, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,
+        truncated=truncated, prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
+        completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True), logprobs=logprobs,
+        group_size=group_size, routes=routes,
+    )
+
+
+def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
+    """The rows of the given groups (group g = rows g*G .. g*G+G-1), in the order given."""
+    G = rollout.group_size
+    rows = torch.tensor([g * G + j for g in groups for j in range(G)], dtype=torch.long,
+                        device=rollout.input_ids.device)
+    return Rollout(
+        input_ids=rollout.input_ids[rows], attention_mask=rollout.attention_mask[rows],
+        completion_ids=rollout.completion_ids[rows], completion_mask=rollout.completion_mask[rows],
+        truncated=rollout.truncated[rows], prompt_index=rollout.prompt_index[rows],
+        completions=[rollout.completions[i] for i in rows.tolist()], logprobs=rollout.logprobs[rows],
+        group_size=G, routes=None if rollout.routes is None else rollout.routes.select(rows),
+    )
+
+
+def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
+    """Stack rollouts of possibly different prompt / completion lengths: prompts are left-padded and completions
+    right-padded to the longest (padding is masked out). Routes cannot be re-padded, so concatenating rollouts with
+    recorded routes of different lengths raises ValueError."""
+    if len(rollouts) == 1:
+        return rollouts[0]
+    P = max(r.n_prompt_tokens for r in rollouts)
+    T = max(r.completion_ids.shape[1] for r in rollouts)
+
+    def pad(x, left, right, value):
+        return F.pad(x, (left, right), value=value)
+
+    parts = dict(input_ids=[], attention_mask=[], completion_ids=[], completion_mask=[], logprobs=[])
+    for r in rollouts:
+        p, t = r.n_prompt_tokens, r.completion_ids.shape[1]
+        parts["input_ids"].append(pad(r.input_ids, P - p, T - t, pad_token_id))
+        parts["attention_mask"].append(pad(r.attention_mask, P - p, T - t, 0))
+        parts["completion_ids"].append(pad(r.completion_ids, 0, T - t, pad_token_id))
+        parts["completion_mask"].append(pad(r.completion_mask, 0, T - t, 0.0))
+        parts["logprobs"].append(pad(r.logprobs, 0, T - t, 0.0))
+    routes = None
+    if any(r.routes is not None for r in rollouts):
+        if len({r.input_ids.shape[1] for r in rollouts}) > 1:
+            raise ValueError("cannot concatenate rollouts with recorded routes of different lengths")
+        from .moe import Routes
+
+        routes = Routes([torch.cat(x) for x in zip(*[r.routes.indices for r in rollouts], strict=True)],
+                        [torch.cat(x) for x in zip(*[r.routes.entropy for r in rollouts], strict=True)])
+    offsets, out_index = 0, []
+    for r in rollouts:  # prompt indices stay unique across rounds
+        out_index.append(r.prompt_index - r.prompt_index.min() + offsets)
+        offsets += int(r.prompt_index.max() - r.prompt_index.min()) + 1
+    return Rollout(**{k: torch.cat(v) for k, v in parts.items()}, truncated=torch.cat([r.truncated for r in rollouts]),
+                   prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
+                   group_size=rollouts[0].group_size, routes=routes)
