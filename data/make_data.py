@@ -6,7 +6,7 @@ worked scratchpad, one partial sum per step, then the final answer after '#':
     prompt:     "7+5+9="
     completion: "7+5=12;12+9=21#21"
 
-so completions range from about 6 to 30 characters and length effects (truncation, Dr. GRPO's length bias,
+so completions range from 6 to 34 tokens (EOS included) and length effects (truncation, Dr. GRPO's length bias,
 DAPO's overlong shaping) are visible. A fixed seed makes the files byte-for-byte reproducible; the test split
 holds out whole prompts (no prompt of the test split occurs in the train split).
 """

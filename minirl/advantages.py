@@ -48,10 +48,10 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
     centred = torch.where(equal, torch.zeros_like(centred), centred)
     if scale == "group":
         std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
-        centred = centred / (std + eps)
+        centred = centred / torch.where(equal, 1.0, std + eps)  # equal groups are already 0: no 0 / 0 at eps = 0
     elif scale == "batch":
         std = rewards.float().std() if rewards.numel() > 1 else rewards.new_zeros(())
-        centred = centred / (std + eps)
+        centred = centred / torch.where(equal, 1.0, std + eps)
     return centred.view(-1)
 
 
@@ -140,23 +140,31 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
     return out * mask
 
 
-def group_advantages_to_go(token_rewards: Tensor, mask: Tensor, group_size: int, scale: str = "group",
-                           eps: float = 1e-4) -> Tensor:
-    """Per-token group-relative advantages for per-token rewards (a KL penalty placed in the reward).
 
-    The return-to-go R_t = sum_{t' >= t} r_t' is compared with the group's baseline, the mean of the whole
-    returns R_0 of the group: A_t = (R_t - mean_group(R_0)) / (std_group(R_0) + eps). Reward-to-go (rather than
-    the whole sequence's penalty on every token) is what makes a per-token penalty an unbiased policy gradient:
-    a token is not blamed for penalties earned before it. With the reward only at the last token, R_t = R_0 for
-    every t and this is exactly ``group_advantages``. A group whose R_0 are all equal is only centred (there is
-    no spread to divide by).
+def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor, group_size: int,
+                           scale: str = "group", eps: float = 1e-4) -> Tensor:
+    """Per-token advantages for GRPO with a per-token penalty (a KL estimate) placed in the reward.
+
+    A_t = group_advantages(scores)_i - (C_t - mean_group(C_0)), with C_t = sum_{t' >= t} c_t' the penalty-to-go
+    (c = beta * k, already scaled). The task part is normalised exactly as in GRPO; the penalty part stays in reward
+    units, centred by its group mean. Two choices, both deliberate:
+
+    - reward-to-go: a token is not blamed for penalties earned before it (causality). Like any baseline, this
+      lowers the variance without biasing the gradient, so k1 placed here gives the unbiased gradient of
+      KL(pi || ref) (Tang & Munos 2025).
+    - no std division of the penalty: a group whose task scores are all equal has a tiny spread made only of KL
+      terms; dividing by it would turn a 0.001-nat difference into a unit advantage.
+
+    Example: scores [1, 0], G = 2, penalties [[0.1, 0.2], [0.0, 0.1]] (full mask), scale "none":
+    task part [0.5, -0.5]; C = [[0.3, 0.2], [0.1, 0.1]], group mean of C_0 = 0.2;
+    A = [[0.5 - 0.1, 0.5 - 0.0], [-0.5 + 0.1, -0.5 + 0.1]] = [[0.4, 0.5], [-0.4, -0.4]].
 
     Args:
-        token_rewards: (B, T) per-token rewards, zero outside the mask.
+        scores: (B,) task rewards, laid out group by group.
+        token_penalties: (B, T) per-token penalties (e.g. beta * k1), zero or masked outside the completion.
         mask: (B, T) completion mask.
         group_size: G; B must be a multiple of G.
-        scale: "group", "batch" or "none" (as in ``group_advantages``).
-        eps: added to the std.
+        scale, eps: as in ``group_advantages`` (for the task part).
 
     Returns:
         (B, T) advantages, zero outside the mask.
@@ -164,27 +172,16 @@ def group_advantages_to_go(token_rewards: Tensor, mask: Tensor, group_size: int,
     Raises:
         ValueError: on shape mismatch, unknown scale, or B not a multiple of G.
 
-    Source: Shao et al. 2024 (GRPO) section 4.1.3 (process supervision: advantages as sums of following
-    normalised rewards); reward-to-go: Williams 1992 / Sutton & Barto ch. 13.
+    Source: Shao et al. 2024 (GRPO), eq. 4 and section 4.1; Ouyang et al. 2022 (per-token KL reward);
+    reward-to-go: Williams 1992. Placement analysis: Tang & Munos 2025.
     """
-    same_shape(token_rewards=token_rewards, mask=mask)
-    ndim("token_rewards", token_rewards, 2, "(B, T)")
-    choice("advantage scale", scale, SCALES)
-    if group_size < 1 or token_rewards.shape[0] % group_size != 0:
-        raise ValueError(f"token_rewards has {token_rewards.shape[0]} rows, not a multiple of group_size={group_size}")
+    same_shape(token_penalties=token_penalties, mask=mask)
+    ndim("token_penalties", token_penalties, 2, "(B, T)")
+    if scores.shape != token_penalties.shape[:1]:
+        raise ValueError(f"scores must have shape ({token_penalties.shape[0]},), got {tuple(scores.shape)}")
+    task = group_advantages(scores, group_size, scale, eps)  # (B,)
     mask = mask.float()
-    r = token_rewards.float() * mask
-    to_go = r.flip(-1).cumsum(-1).flip(-1)  # (B, T) R_t
-    R0 = to_go[:, 0].view(-1, group_size)  # (num_groups, G)
-    baseline = R0.mean(dim=1, keepdim=True).expand_as(R0).reshape(-1, 1)  # (B, 1)
-    if scale == "none":
-        denom = torch.ones_like(baseline)
-    else:
-        if scale == "group":
-            std = R0.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(R0[:, :1])
-        else:
-            std = R0.reshape(-1).std().expand(R0.shape[0], 1) if R0.numel() > 1 else torch.zeros_like(R0[:, :1])
-        equal = (R0 == R0[:, :1]).all(dim=1, keepdim=True)
-        std = torch.where(equal, torch.ones_like(std) - eps, std)  # equal group: only centred
-        denom = (std + eps).expand_as(R0).reshape(-1, 1)
-    return (to_go - baseline) / denom * mask
+    c = token_penalties.float() * mask
+    to_go = c.flip(-1).cumsum(-1).flip(-1)  # (B, T) C_t
+    baseline = to_go[:, 0].view(-1, group_size).mean(1).repeat_interleave(group_size)  # (B,)
+    return (task.unsqueeze(1) - (to_go - baseline.unsqueeze(1))) * mask

@@ -76,10 +76,14 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, **kwargs) -> tor
     """Load any Hugging Face causal LM: a local directory from ``save_pretrained`` or, with internet, a hub name.
 
     MoE models are loaded with ``experts_implementation=EXPERTS_IMPLEMENTATION`` when they support the switch.
+    Attention is "eager" unless ``attn_implementation`` is passed: the kernel ``tiny_dense`` / ``tiny_moe`` build
+    with (it is not saved in the config), so a saved and reloaded model gives bit-identical logits and a cached warm
+    start computes exactly what a fresh one does. Pass ``attn_implementation="sdpa"`` for large checkpoints.
 
     Raises:
         OSError: from transformers, when the directory or hub name cannot be resolved.
     """
+    kwargs.setdefault("attn_implementation", "eager")
     try:
         return AutoModelForCausalLM.from_pretrained(
             name_or_path, dtype=dtype, experts_implementation=EXPERTS_IMPLEMENTATION, **kwargs

@@ -1,0 +1,100 @@
+"""Tests of minirl.advantages.group_advantages: hand-worked values, equal-reward groups, bad input."""
+
+import pytest
+import torch
+
+from minirl.advantages import group_advantages
+
+
+def close(actual, expected, atol=5e-5):
+    """Equal to the 4 decimals the expectations are written with."""
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+
+
+# --- the issue's example -------------------------------------------------------------------------------------------
+def test_one_right_of_four_unbiased_std():
+    # mean 0.25; centred [0.75, -0.25, -0.25, -0.25]
+    # unbiased var = (0.75^2 + 3 * 0.25^2) / (4 - 1) = (0.5625 + 0.1875) / 3 = 0.25 -> std 0.5; + eps 1e-4 = 0.5001
+    # A = [0.75 / 0.5001, -0.25 / 0.5001, ...] = [1.49970, -0.49990, -0.49990, -0.49990]
+    a = group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), 4, eps=1e-4)
+    close(a, [1.4997, -0.4999, -0.4999, -0.4999])
+    assert a.shape == (4,)
+
+
+def test_identical_rewards_give_exact_zeros():
+    a = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4)
+    assert torch.equal(a, torch.zeros(4))  # exactly 0, not 1e-9
+    # eps = 0 would make a naive (r - mean) / (std + eps) = 0 / 0 = NaN
+    a0 = group_advantages(torch.tensor([1.0, 1.0, 1.0, 1.0]), 4, eps=0.0)
+    assert torch.equal(a0, torch.zeros(4))
+
+
+@pytest.mark.parametrize("value", [0.1, 0.7, 1 / 3, 1e-8, 123.456])
+@pytest.mark.parametrize("group_size", [3, 5, 7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equal_rewards_with_round_off_std_are_zero_not_huge(value, group_size, dtype):
+    # e.g. float32 [0.1] * 7: the mean is not exactly 0.1, and torch's std is 8e-9 rather than 0, so a naive
+    # (r - mean) / (std + 0) would give ~ +-1 or NaN from pure round-off. The group carries no signal: A = 0.
+    r = torch.full((2 * group_size,), value, dtype=dtype)
+    for scale in ("group", "batch", "none"):
+        a = group_advantages(r, group_size, scale=scale, eps=0.0)
+        assert torch.equal(a, torch.zeros_like(a)), (scale, a)
+
+
+def test_equal_group_next_to_a_mixed_group():
+    # group 0 = [1, 1] (no signal) -> [0, 0]; group 1 = [1, 0]: mean 0.5, centred [0.5, -0.5],
+    # unbiased std sqrt((0.25 + 0.25) / 1) = 0.707107; eps 0 -> [0.707107, -0.707107]
+    a = group_advantages(torch.tensor([1.0, 1.0, 1.0, 0.0]), 2, eps=0.0)
+    close(a, [0.0, 0.0, 0.707107, -0.707107], atol=5e-7)
+    assert a[0] == 0 and a[1] == 0
+
+
+def test_advantages_sum_to_zero_per_group():
+    torch.manual_seed(0)
+    r = torch.rand(24)
+    a = group_advantages(r, 6).view(4, 6)
+    close(a.sum(1), [0.0] * 4, atol=1e-5)
+
+
+def test_scale_none_batch_group_by_hand():
+    # rewards [1, 0 | 5, 5], G = 2.
+    # centred: group 0 mean 0.5 -> [0.5, -0.5]; group 1 equal -> [0, 0]
+    r = torch.tensor([1.0, 0.0, 5.0, 5.0])
+    # "none" (Dr. GRPO): just the centred rewards
+    close(group_advantages(r, 2, scale="none"), [0.5, -0.5, 0.0, 0.0], atol=1e-7)
+    # "group": std of [1, 0] = sqrt(0.5^2 + 0.5^2) / sqrt(1) = 0.707107 -> 0.5 / 0.707107 = 0.707107
+    close(group_advantages(r, 2, scale="group", eps=0.0), [0.707107, -0.707107, 0.0, 0.0], atol=5e-7)
+    # "batch": std of all four rewards. mean 11/4 = 2.75; deviations -1.75, -2.75, 2.25, 2.25;
+    # squares 3.0625 + 7.5625 + 5.0625 + 5.0625 = 20.75; / 3 = 6.916667; sqrt = 2.629956
+    # -> 0.5 / 2.629956 = 0.190117
+    close(group_advantages(r, 2, scale="batch", eps=0.0), [0.190117, -0.190117, 0.0, 0.0], atol=5e-7)
+    # with eps 1e-4 the batch std is 2.630056: 0.5 / 2.630056 = 0.190110
+    close(group_advantages(r, 2, scale="batch", eps=1e-4), [0.190110, -0.190110, 0.0, 0.0], atol=5e-7)
+
+
+def test_group_of_one_has_no_baseline():
+    # with G = 1 every group is "all equal": 0, never NaN (std of one sample is undefined)
+    a = group_advantages(torch.tensor([1.0, 0.0, 3.0]), 1)
+    assert torch.equal(a, torch.zeros(3))
+
+
+def test_result_is_float_for_integer_rewards():
+    a = group_advantages(torch.tensor([1, 0, 0, 0]), 4)
+    assert a.dtype.is_floating_point
+    close(a, [1.4997, -0.4999, -0.4999, -0.4999])
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+def test_batch_not_divisible_by_group_size():
+    with pytest.raises(ValueError, match="group_size"):
+        group_advantages(torch.zeros(6), 4)
+
+
+def test_unknown_scale_is_named():
+    with pytest.raises(ValueError, match="scale.*'std'"):
+        group_advantages(torch.zeros(4), 2, scale="std")
+
+
+def test_rewards_must_be_1d():
+    with pytest.raises(ValueError, match="rewards"):
+        group_advantages(torch.zeros(2, 4), 4)

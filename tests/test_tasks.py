@@ -1,0 +1,161 @@
+"""Tests of the task (minirl.tasks, data/) and the char-level tokenizer (minirl.tokenizer)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from minirl import tasks
+from minirl.tokenizer import build_tokenizer
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+# --- answer parsing and scoring ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("completion, parsed", [
+    ("7+5=12;12+9=21#21", "21"),  # the reference form
+    ("#21", "21"),  # no scratchpad is still well formed
+    ("  7+5=12#12\n", "12"),  # surrounding white space is ignored
+    ("#-3", "-3"),  # negative answers parse
+    ("7+5=12;12+9=21", None),  # missing '#'
+    ("21", None),  # a bare number has no delimiter
+    ("1#2#3", None),  # two '#'
+    ("7+5=12#", None),  # nothing after '#'
+    ("7+5=12#1a", None),  # junk after the answer
+    ("abc#12", None),  # letters in the scratchpad
+    ("", None),
+])
+def test_parse_answer(completion, parsed):
+    assert tasks.parse_answer(completion) == parsed
+
+
+def test_score_correct_and_well_formed():
+    s = tasks.score("7+5=12;12+9=21#21", "21")
+    assert (s.reward, s.formatted, s.correct) == (1.0, True, True)
+
+
+def test_score_wrong_answer_is_formatted_but_not_correct():
+    s = tasks.score("7+5=12;12+9=22#22", "21")
+    assert (s.reward, s.formatted, s.correct) == (0.0, True, False)
+
+
+@pytest.mark.parametrize("completion", ["7+5=12;12+9=21", "21", "1#21#21", ""])
+def test_score_malformed_gets_nothing_even_if_the_number_is_right(completion):
+    s = tasks.score(completion, "21")
+    assert (s.reward, s.formatted, s.correct) == (0.0, False, False)
+
+
+def test_score_negative_and_leading_zero_answers():
+    assert tasks.score("#-3", "-3").correct
+    assert not tasks.score("#3", "-3").correct
+    assert tasks.score("#021", "21").correct  # an exact integer match, not a string match
+
+
+def test_the_scratchpad_does_not_count_only_the_answer():
+    # a wrong scratchpad with the right final answer is rewarded: the check is on the answer after '#'
+    assert tasks.score("1+1=3#21", "21").reward == 1.0
+
+
+# --- the shipped data ----------------------------------------------------------------------------------------------
+def test_splits_load_with_the_expected_columns():
+    train, test = tasks.load_split("train"), tasks.load_split("test")
+    assert set(train.column_names) == {"prompt", "completion", "answer"}
+    assert len(train) == 4000 and len(test) == 256
+
+
+def test_reference_completions_score_one():
+    test = tasks.load_split("test")
+    assert all(tasks.score(c, a).reward == 1.0 for c, a in zip(test["completion"], test["answer"], strict=True))
+
+
+def test_no_test_prompt_appears_in_train():
+    train, test = tasks.load_split("train"), tasks.load_split("test")
+    assert not set(train["prompt"]) & set(test["prompt"])
+    assert len(set(test["prompt"])) == len(test)  # the test prompts are distinct, too
+
+
+def test_completion_lengths_vary():
+    lengths = [len(c) for c in tasks.load_split("test")["completion"]]
+    assert min(lengths) <= 8 and max(lengths) >= 25  # 2 terms "1+1=2#2" (7) ... 5 terms (about 30)
+
+
+def test_make_data_regenerates_the_shipped_files_byte_for_byte(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("make_data", DATA / "make_data.py")
+    make_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_data)
+    make_data.main(tmp_path)
+    for split in ("train", "test"):
+        assert (tmp_path / f"{split}.jsonl").read_bytes() == (DATA / f"{split}.jsonl").read_bytes(), split
+
+
+# --- malformed data ------------------------------------------------------------------------------------------------
+GOOD = json.dumps({"prompt": "1+2=", "completion": "1+2=3#3", "answer": "3"})
+
+
+@pytest.mark.parametrize("bad, why", [
+    ('{"prompt": "1+2=", "completion": ', "not valid JSON"),
+    ('["1+2=", "1+2=3#3", "3"]', "expected a JSON object"),
+    ('{"prompt": "1+2=", "completion": "1+2=3#3"}', "'answer'"),
+    ('{"prompt": "1+2=", "completion": "1+2=3#3", "answer": 3}', "'answer'"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, bad, why):
+    (tmp_path / "train.jsonl").write_text("\n".join([GOOD, GOOD, bad, GOOD]) + "\n")
+    with pytest.raises(ValueError, match=rf"train\.jsonl, line 3: .*{why}"):
+        tasks.load_split("train", data_dir=tmp_path)
+
+
+def test_a_good_temp_split_loads_and_blank_lines_are_skipped(tmp_path):
+    (tmp_path / "test.jsonl").write_text(GOOD + "\n\n" + GOOD + "\n")
+    ds = tasks.load_split("test", data_dir=tmp_path)
+    assert len(ds) == 2 and ds[0]["answer"] == "3"
+
+
+def test_missing_split_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make_data"):
+        tasks.load_split("valid", data_dir=tmp_path)
+
+
+# --- tokenizer -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_special_tokens_are_distinct(tok):
+    ids = {tok.pad_token_id, tok.eos_token_id, tok.bos_token_id, tok.unk_token_id}
+    assert len(ids) == 4
+    assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id) == (0, 1, 2)
+    assert tok.padding_side == "left"
+
+
+def test_one_token_per_character_with_bos_first(tok):
+    text = "7+5=12;12+9=21#21"
+    ids = tok(text).input_ids
+    assert ids[0] == tok.bos_token_id and len(ids) == len(text) + 1  # <bos> + one id per character
+    assert tok.decode(ids, skip_special_tokens=True) == text
+    assert tok(text, add_special_tokens=False).input_ids == ids[1:]
+
+
+def test_left_padding_of_a_batch(tok):
+    enc = tok(["1+2=", "1+2+3="], padding=True)
+    # "1+2=" is 5 ids with <bos>, "1+2+3=" is 7: the short one gets 2 pads on the LEFT
+    assert enc.input_ids[0][:3] == [0, 0, tok.bos_token_id]
+    assert enc.attention_mask[0] == [0, 0, 1, 1, 1, 1, 1]
+    assert enc.attention_mask[1] == [1] * 7
+
+
+def test_repeated_characters_are_refused():
+    with pytest.raises(ValueError, match="chars"):
+        build_tokenizer("abca")
+
+
+def test_save_and_reload_round_trips_ids(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    texts = ["7+5=12;12+9=21#21", "1+1=", "hello, world (x*y) <> -3"]
+    assert again(texts, padding=True).input_ids == tok(texts, padding=True).input_ids
+    assert (again.pad_token_id, again.eos_token_id, again.bos_token_id) == (0, 1, 2)
+    assert again.padding_side == "left"
+    assert again.decode(again(texts[0]).input_ids, skip_special_tokens=True) == texts[0]

@@ -1,0 +1,265 @@
+"""Tests of minirl.trainer (configs, History, SFT batches, evaluation, gradient accumulation, determinism) and the
+command line."""
+
+import copy
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minirl import losses, models, rollout, tasks, trainer
+from minirl.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMING = {"time", "time_generate", "time_optimise"}
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def tiny_model(tok, seed=0):
+    return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=seed)
+
+
+# --- make_config / RLConfig -----------------------------------------------------------------------------------------
+def test_presets_carry_the_papers_switches():
+    grpo, dr = trainer.make_config("grpo"), trainer.make_config("dr_grpo")
+    assert (grpo.adv_scale, grpo.agg, grpo.kl_estimator, grpo.kl_placement) == (
+        "group", "seq-mean-token-mean", "k3", "loss")
+    assert grpo.beta > 0 and grpo.eps_low == grpo.eps_high == 0.2
+    # Dr. GRPO is both halves: no std division AND the constant normaliser, and no KL
+    assert (dr.adv_scale, dr.agg, dr.beta) == ("none", "seq-mean-token-sum-norm", 0.0)
+    for name in trainer.ALGORITHMS:
+        cfg = trainer.make_config(name)
+        assert cfg.algo == name
+        cfg.validate()
+
+
+def test_overrides_win_over_the_preset():
+    cfg = trainer.make_config("grpo", beta=0.0, lr=1e-5, agg="token-mean")
+    assert (cfg.beta, cfg.lr, cfg.agg, cfg.adv_scale) == (0.0, 1e-5, "token-mean", "group")
+
+
+def test_unknown_algorithm_is_named():
+    with pytest.raises(ValueError, match=r"algorithm 'foo'.*grpo"):
+        trainer.make_config("foo")
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ValueError, match="unknown RLConfig field.*'learning_rate'"):
+        trainer.make_config("grpo", learning_rate=1e-4)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (dict(agg="mean"), "agg"),
+    (dict(adv_scale="std"), "adv_scale"),
+    (dict(level="seq"), "level"),
+    (dict(kl_estimator="k4"), "kl_estimator"),
+    (dict(kl_placement="both"), "kl_placement"),
+    (dict(steps=0), "steps"),
+    (dict(group_size=1), "group_size"),
+    (dict(prompts_per_step=6, num_minibatches=4), "num_minibatches"),
+    (dict(temperature=0.0), "temperature"),
+    (dict(level="sequence", agg="token-mean"), "agg"),
+])
+def test_invalid_settings_name_the_field(overrides, named):
+    with pytest.raises(ValueError, match=named):
+        trainer.make_config("grpo", **overrides)
+    cfg = trainer.RLConfig(**overrides)  # a hand-built config is caught by validate()
+    with pytest.raises(ValueError, match=named):
+        cfg.validate()
+
+
+# --- History --------------------------------------------------------------------------------------------------------
+def make_history():
+    h = trainer.History()
+    h.log(step=0, eval_accuracy=0.25)
+    h.log(step=1, reward=0.5, loss=-0.1)
+    h.log(step=2, reward=0.75, loss=None)
+    h.log(step=3, reward=1.0, eval_accuracy=0.5)
+    return h
+
+
+def test_history_series_and_last():
+    h = make_history()
+    assert h.series("reward") == ([1, 2, 3], [0.5, 0.75, 1.0])
+    assert h.series("eval_accuracy") == ([0, 3], [0.25, 0.5])
+    assert h.series("loss") == ([1], [-0.1])  # None values are skipped
+    assert h.last("reward") == 1.0 and h.last("loss") == -0.1
+    with pytest.raises(KeyError, match="entropy"):
+        h.last("entropy")
+    assert h.series("entropy") == ([], [])
+
+
+def test_history_to_jsonl_and_csv(tmp_path):
+    h = make_history()
+    h.to_jsonl(tmp_path / "m.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert rows == h.rows
+    h.to_csv(tmp_path / "m.csv")
+    with open(tmp_path / "m.csv") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 4
+    assert set(table[0]) == {"step", "reward", "loss", "eval_accuracy"}  # the union of all keys
+    assert table[1]["reward"] == "0.5" and table[0]["reward"] == ""  # missing values are empty cells
+
+
+# --- SFT batch ------------------------------------------------------------------------------------------------------
+def test_sft_batch_by_hand(tok):
+    b = trainer.sft_batch(tok, ["1+1=", "2+3+4="], ["1+1=2#2", "5#5"])
+    # row 0: <bos> 1 + 1 = (5 ids) + "1+1=2#2" (7) + <eos> = 13; row 1: <bos> 2 + 3 + 4 = (7) + "5#5" (3) + <eos> = 11
+    # right-padded to 13; the labels are -100 on the prompt and on the padding
+    assert b["input_ids"].shape == b["labels"].shape == b["attention_mask"].shape == (2, 13)
+    assert b["attention_mask"].sum(1).tolist() == [13, 11]
+    assert b["input_ids"][1, -2:].tolist() == [tok.pad_token_id] * 2
+    eos = tok.eos_token_id
+    assert b["labels"][0].tolist() == [-100] * 5 + tok("1+1=2#2", add_special_tokens=False).input_ids + [eos]
+    assert b["labels"][1].tolist() == [-100] * 7 + tok("5#5", add_special_tokens=False).input_ids + [eos, -100, -100]
+    assert b["input_ids"][0, 0] == tok.bos_token_id
+
+
+# --- evaluate -------------------------------------------------------------------------------------------------------
+def test_evaluate_is_repeatable_and_leaves_the_rng_alone(tok):
+    model = tiny_model(tok)
+    data = tasks.load_split("test").select(range(6))
+    state = torch.get_rng_state()
+    a = trainer.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    assert torch.equal(torch.get_rng_state(), state)  # evaluating does not change the course of training
+    b = trainer.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    assert a == b
+    assert a["n"] == 12 and set(a) >= {"accuracy", "format_rate", "mean_length", "truncated_rate", "n"}
+    assert 0 <= a["accuracy"] <= a["format_rate"] <= 1 and 1 <= a["mean_length"] <= 8
+    g = trainer.evaluate(model, tok, data, max_new_tokens=8, greedy=True, samples_per_prompt=5)
+    assert g["n"] == 6  # greedy takes one completion per prompt
+
+
+# --- gradient accumulation ------------------------------------------------------------------------------------------
+def fake_batch(model, tok, seed=0):
+    """8 rows = 2 groups of 4: left-padded prompts, completions of lengths 1..6 ending in EOS (one truncated),
+    behaviour log-probs that differ from the current policy (so some ratios are clipped)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = ["1+2=", "3+4+5+6="] * 4
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    T = 6
+    lengths = [1, 3, 6, 2, 4, 6, 5, 2]
+    comp = torch.randint(4, len(tok), (8, T), generator=g)
+    for i, n in enumerate(lengths):
+        if i != 2:  # row 2 is truncated: 6 tokens, no EOS
+            comp[i, n - 1] = tok.eos_token_id
+            comp[i, n:] = tok.pad_token_id
+    mask = rollout.completion_mask(comp, tok.eos_token_id)
+    batch = rollout.Rollout(
+        input_ids=torch.cat([enc.input_ids, comp], 1), attention_mask=torch.cat([enc.attention_mask, mask.long()], 1),
+        completion_ids=comp, completion_mask=mask, truncated=mask.sum(1) == T, prompt_index=torch.arange(8) // 4,
+        completions=[""] * 8, logprobs=torch.zeros(8, T), group_size=4)
+    with torch.no_grad():
+        lp = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.n_prompt_tokens)
+    old = (lp + 0.3 * torch.randn(8, T, generator=g)) * mask
+    ref = (lp + 0.2 * torch.randn(8, T, generator=g)) * mask
+    adv = torch.randn(8, generator=g)
+    return batch, old, ref, adv
+
+
+@pytest.mark.parametrize("algo, beta", [("grpo", 0.04), ("grpo", 0.0), ("dapo", 0.0), ("dr_grpo", 0.0),
+                                        ("gspo", 0.0)])
+def test_two_accumulation_steps_give_the_same_gradient_as_one(tok, algo, beta):
+    # seq-mean-token-mean (grpo, gspo), token-mean (dapo), seq-mean-token-sum-norm (dr_grpo): with the FULL
+    # minibatch's count as every micro-batch's denominator, the micro-batch gradients add up to the full one
+    model = tiny_model(tok)
+    batch, old, ref, adv = fake_batch(model, tok)
+    loss_mask = batch.completion_mask.clone()
+    loss_mask[5] = 0  # a row with no valid token (e.g. overlong-filtered) must not count as a sequence
+    rows = torch.arange(8)
+    grads, losses_ = [], []
+    for micro in (None, 4):  # one pass of 8 rows; two accumulation steps of 4 rows
+        cfg = trainer.make_config(algo, beta=beta, micro_batch_size=micro, max_grad_norm=1e9, temperature=1.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay put, the gradients stay readable
+        out = trainer._optimise_minibatch(model, opt, None, None, cfg, beta, batch, rows, batch.n_prompt_tokens, old,
+                                          ref if beta > 0 else None, adv, loss_mask, None, None, None)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        losses_.append(out["loss"])
+    assert any(g.abs().sum() > 0 for g in grads[0])
+    for g1, g2 in zip(*grads, strict=True):
+        torch.testing.assert_close(g2, g1, atol=1e-7, rtol=1e-5)
+    assert losses_[1] == pytest.approx(losses_[0], rel=1e-5, abs=1e-7)
+
+
+def test_naive_accumulation_would_differ(tok):
+    # the bug the shared denominator avoids: averaging each micro-batch's OWN token-mean weights a token of the
+    # micro-batch with fewer tokens more. Rows 0-3 hold 1+3+6+2 = 12 tokens, rows 4-7 hold 4+6+5+2 = 17.
+    model = tiny_model(tok)
+    batch, old, _, adv = fake_batch(model, tok)
+    mask, P = batch.completion_mask, batch.n_prompt_tokens
+
+    def loss_on(rows, denominator=None):
+        lp = rollout.token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], P)
+        return losses.policy_loss(lp, old[rows], adv[rows], mask[rows], agg="token-mean",
+                                  denominator=denominator)[0]
+
+    with torch.no_grad():
+        full = loss_on(torch.arange(8)).item()
+        halves = [torch.arange(4), torch.arange(4, 8)]
+        shared = sum(loss_on(r, denominator=float(mask.sum())).item() for r in halves)
+        naive = sum(loss_on(r).item() for r in halves) / 2
+    assert float(mask.sum()) == 29.0
+    assert shared == pytest.approx(full, abs=1e-6)
+    assert abs(naive - full) > 1e-3
+
+
+# --- determinism of the whole loop ----------------------------------------------------------------------------------
+def test_same_seed_same_history(tok):
+    # a tiny model, briefly fine-tuned so its completions vary in length; overlong shaping turns the lengths into
+    # rewards that differ inside a group, so the advantages are not all 0 and the updates are real
+    base = tiny_model(tok)
+    train = tasks.load_split("train")
+    trainer.sft(base, tok, train, steps=15, batch_size=16, lr=3e-3, progress=False)
+    cfg = trainer.make_config("grpo", seed=3, steps=2, prompts_per_step=4, group_size=4, max_new_tokens=16,
+                              overlong_shaping=True, overlong_cache_len=12, lr=1e-3, num_iterations=2,
+                              num_minibatches=2, progress=False)
+    eval_data = tasks.load_split("test").select(range(4))
+    runs, finals = [], []
+    for _ in range(2):
+        model = copy.deepcopy(base)
+        h = trainer.train_rl(model, tok, cfg, train, eval_data=eval_data)
+        runs.append([{k: v for k, v in r.items() if k not in TIMING} for r in h.rows])
+        finals.append(model)
+    assert runs[0] == runs[1]
+    assert [r["step"] for r in runs[0]] == [0, 1, 2]
+    assert "eval_accuracy" in runs[0][0] and "eval_accuracy" in runs[0][-1]
+    assert all(r["grad_norm"] > 0 for r in runs[0][1:])  # the runs did train
+    assert all(torch.equal(p, q) for p, q in zip(finals[0].parameters(), finals[1].parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(base.parameters(), finals[0].parameters(), strict=True))
+
+
+# --- command line ---------------------------------------------------------------------------------------------------
+def test_cli_help(capsys):
+    # the real entry point, in a fresh interpreter (imports torch and transformers: a few seconds)
+    top = subprocess.run([sys.executable, "-m", "minirl", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=180)
+    assert top.returncode == 0, top.stderr
+    assert "train" in top.stdout and "bench" in top.stdout
+    # the subcommand's help, in this process (same parser, no second interpreter start-up)
+    from minirl.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0
+    train = capsys.readouterr().out
+    for flag in ("--algo", "--seed", "--profile", "--steps", "--out"):
+        assert flag in train
+    assert "grpo" in train and "dr_grpo" in train
+
+
+def test_cli_unknown_algorithm(capsys):
+    from minirl.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--algo", "foo"])
+    assert e.value.code == 2
+    assert "--algo" in capsys.readouterr().err
