@@ -313,7 +313,8 @@ def bandit_forward_optimum(rewards: Tensor, ref_logits: Tensor, beta: float, ite
     """Maximiser of E_pi[r] - beta * KL(ref || pi): where k3 in the loss really takes the bandit.
 
     Stationarity with a multiplier lam for sum_a pi(a) = 1 gives r(a) + beta ref(a) / pi(a) = lam, so
-    pi(a) = beta ref(a) / (lam - r(a)) with lam > max r; lam is found by bisection so that the pi(a) sum to 1.
+    pi(a) = beta ref(a) / (lam - r(a)) with lam > max r; lam is found by bisection (on log(lam - max r)) so that
+    the pi(a) sum to 1.
     Unlike ``bandit_optimum`` it has polynomial, not exponential, tails: the forward KL never lets pi(a) -> 0.
 
     Args:
@@ -334,14 +335,18 @@ def bandit_forward_optimum(rewards: Tensor, ref_logits: Tensor, beta: float, ite
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     r, ref = rewards.double(), ref_logits.double().softmax(-1)
-    lo, hi = r.max() + beta * ref.min(), r.max() + beta  # total mass >= 1 at lo, <= 1 at hi
+    # search d = lam - max r > 0 on a log scale, so lam never rounds onto max r (a 0/0) when ref is tiny there
+    gap = r.max() - r  # (K,) >= 0
+    mass = lambda d: (beta * ref / (d + gap)).sum()
+    lo = beta * ref[gap == 0].max()  # mass(lo) >= 1 from a best arm alone
+    hi = torch.as_tensor(beta, dtype=torch.float64)  # mass(beta) <= sum ref = 1
     for _ in range(iters):
-        lam = (lo + hi) / 2
-        if (beta * ref / (lam - r)).sum() > 1:
-            lo = lam
+        mid = (lo * hi).sqrt()
+        if mass(mid) > 1:
+            lo = mid
         else:
-            hi = lam
-    pi = beta * ref / ((lo + hi) / 2 - r)
+            hi = mid
+    pi = beta * ref / ((lo * hi).sqrt() + gap)
     return (pi / pi.sum()).to(rewards.dtype)
 
 

@@ -311,6 +311,17 @@ def test_bandit_optima():
     close(lam - lam[0], [0.0, 0.0, 0.0], atol=1e-12)  # the stationarity condition
 
 
+def test_bandit_forward_optimum_stays_finite_when_the_best_arm_is_rare_under_ref():
+    # the best arm has ref ~ 1e-14 and the reward range is wide: lam sits 1e-15 above max r, which a bisection on
+    # lam itself rounds onto max r (0/0 -> NaN); the log-scale search keeps it apart
+    rewards = torch.linspace(-1.5, 1.5, 121, dtype=D)
+    ref_logits = -0.5 * ((torch.linspace(-6, 6, 121, dtype=D) - 2) / 0.5) ** 2  # the best arm at x = 6: e^-32
+    pi = kl_toy.bandit_forward_optimum(rewards, ref_logits, 0.1)
+    assert torch.isfinite(pi).all() and abs(pi.sum().item() - 1) < 1e-12
+    lam = rewards + 0.1 * ref_logits.softmax(-1) / pi
+    assert (lam - lam[0]).abs().max() < 1e-9  # stationarity holds on every arm
+
+
 @pytest.mark.parametrize(("estimator", "placement", "optimum"), [
     ("k1", "reward", REVERSE_OPT),  # the unbiased RLHF placement
     ("k2", "loss", REVERSE_OPT),  # also exact

@@ -1,0 +1,239 @@
+"""Tests of the KL on language models: the true sequence KL (minirl.kl.sequence_kl and friends) and the trainer's
+construction of a KL penalty in the reward (advantages.group_advantages_to_go)."""
+
+import itertools
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minirl import advantages, kl, kl_toy, losses, models, rollout
+from minirl.tokenizer import build_tokenizer
+
+D = torch.float64
+
+
+# --- exact_token_kl: the full-vocabulary KL at one position --------------------------------------------------------
+def test_exact_token_kl_hand_example():
+    # pi = [1/2, 1/2], ref = [1/4, 3/4]: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.346574 - 0.202733 = 0.143841
+    logits = torch.tensor([0.5, 0.5]).log().view(1, 1, 2)
+    ref = torch.tensor([0.25, 0.75]).log().view(1, 1, 2)
+    torch.testing.assert_close(kl.exact_token_kl(logits, ref), torch.tensor([[0.143841]]), atol=1e-6, rtol=0)
+
+
+def test_exact_token_kl_temperature_scales_both_models():
+    # at temperature 2 the logits [ln 1, ln 3] become [0, ln 3 / 2]: ref = [1, sqrt 3] / (1 + sqrt 3)
+    logits = torch.zeros(1, 1, 2)
+    ref = torch.tensor([1.0, 3.0]).log().view(1, 1, 2)
+    q = torch.tensor([1.0, math.sqrt(3.0)]) / (1 + math.sqrt(3.0))
+    expected = (0.5 * (0.5 / q).log()).sum()
+    torch.testing.assert_close(kl.exact_token_kl(logits, ref, temperature=2.0), expected.view(1, 1), atol=1e-6,
+                               rtol=0)
+
+
+def test_exact_token_kl_is_zero_for_equal_and_finite_for_a_vanishing_token():
+    logits = torch.randn(2, 3, 5)
+    assert kl.exact_token_kl(logits, logits.clone()).abs().max() < 1e-6
+    # pi puts (numerically) no mass on token 0: that term is 0, not NaN
+    extreme = torch.tensor([[[-1e4, 0.0, 0.0]]])
+    out = kl.exact_token_kl(extreme, torch.zeros(1, 1, 3))
+    torch.testing.assert_close(out, torch.tensor([[math.log(1.5)]]), atol=1e-6, rtol=0)  # pi = [0, .5, .5]
+
+
+@pytest.mark.parametrize("bad", [dict(ref_logits=torch.zeros(2, 3, 4)), dict(temperature=0.0)])
+def test_exact_token_kl_rejects_bad_input(bad):
+    args = dict(logits=torch.zeros(2, 3, 5), ref_logits=torch.zeros(2, 3, 5), temperature=1.0) | bad
+    with pytest.raises(ValueError, match="ref_logits|temperature"):
+        kl.exact_token_kl(**args)
+    with pytest.raises(ValueError, match=r"\(B, T, V\)"):
+        kl.exact_token_kl(torch.zeros(2, 5), torch.zeros(2, 5))
+
+
+# --- sequence_kl on a bigram "language model" small enough to enumerate ---------------------------------------------
+# Vocabulary {0: EOS (also the pad), 1, 2}; the prompt is the single token 1; completions are at most T = 3 tokens:
+# [0], [a, 0], [a, b, 0], [a, b, c] with a, b, c in {1, 2}: 1 + 2 + 4 + 8 = 15 sequences whose probabilities sum to 1.
+class Bigram(torch.nn.Module):
+    """logits of the next token depend only on the current token: a (V, V) table."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = torch.nn.Parameter(table.clone())
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        return SimpleNamespace(logits=self.table[input_ids])  # (B, L, V)
+
+
+def all_completions(T=3, eos=0, letters=(1, 2)):
+    seqs = []
+    for n in range(T):  # n letters then EOS
+        seqs += [list(p) + [eos] for p in itertools.product(letters, repeat=n)]
+    seqs += [list(p) for p in itertools.product(letters, repeat=T)]  # truncated, no EOS
+    return seqs
+
+
+def enumerated_rollout(T=3):
+    seqs = all_completions(T)
+    comp = torch.tensor([s + [0] * (T - len(s)) for s in seqs])  # (15, T), padded with 0 after EOS
+    mask = rollout.completion_mask(comp, 0)  # (15, T)
+    input_ids = torch.cat([torch.ones(len(seqs), 1, dtype=torch.long), comp], dim=1)  # prompt token 1
+    attention_mask = torch.cat([torch.ones(len(seqs), 1), mask], dim=1).long()
+    return rollout.Rollout(input_ids=input_ids, attention_mask=attention_mask, completion_ids=comp,
+                           completion_mask=mask, truncated=mask.sum(-1) == T, prompt_index=torch.zeros(len(seqs)),
+                           completions=[""] * len(seqs), logprobs=torch.zeros_like(mask), group_size=len(seqs))
+
+
+def bigram_pair(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return Bigram(torch.randn(3, 3, generator=g)), Bigram(torch.randn(3, 3, generator=g))  # float32, as token_logprobs
+
+
+def test_enumerated_completions_are_a_distribution():
+    policy, _ = bigram_pair()
+    r = enumerated_rollout()
+    logp = rollout.token_logprobs(policy, r.input_ids, r.attention_mask, 1) * r.completion_mask
+    assert len(r.completions) == 15
+    torch.testing.assert_close(logp.sum(-1).exp().sum(), torch.tensor(1.0), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sequence_kl_averages_to_the_enumerated_sequence_kl(temperature):
+    # E_y[sequence_kl(y)] = sum_y pi(y) log(pi(y) / ref(y)) (chain rule), with pi(y) over the 15 sequences
+    policy, ref = bigram_pair()
+    r = enumerated_rollout()
+    m = r.completion_mask
+    logp = rollout.token_logprobs(policy, r.input_ids, r.attention_mask, 1, temperature) * m  # (15, T)
+    ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, 1, temperature) * m
+    p_seq = logp.sum(-1).exp().detach()  # (15,)
+    true_kl = (p_seq * (logp - ref_logp).sum(-1)).sum()
+    seq_kl, entropy = kl.sequence_kl(policy, ref, r, temperature)
+    assert true_kl > 0.05  # a real difference between the two models
+    torch.testing.assert_close((p_seq * seq_kl).sum(), true_kl.detach(), atol=1e-5, rtol=0)
+    # k1 summed over the row has the same mean (unbiased) but a larger variance (Rao-Blackwell)
+    k1_sum = kl.k1(logp, ref_logp).sum(-1).detach()
+    torch.testing.assert_close((p_seq * k1_sum).sum(), true_kl.detach(), atol=1e-6, rtol=0)
+    var = lambda x: (p_seq * (x - (p_seq * x).sum()) ** 2).sum()
+    assert var(seq_kl) < var(k1_sum)
+    # the entropy output is the enumerated sequence entropy in expectation as well
+    torch.testing.assert_close((p_seq * entropy).sum(), -(p_seq * logp.sum(-1)).sum().detach(), atol=1e-5, rtol=0)
+
+
+def test_sequence_kl_is_zero_against_itself():
+    policy, _ = bigram_pair()
+    seq_kl, _ = kl.sequence_kl(policy, policy, enumerated_rollout())
+    assert seq_kl.abs().max() < 1e-6
+
+
+def test_sequence_kl_ignores_positions_after_eos():
+    policy, ref = bigram_pair()
+    r = enumerated_rollout()
+    before, _ = kl.sequence_kl(policy, ref, r)
+    r.input_ids[:, 1:] = torch.where(r.completion_mask > 0, r.completion_ids, torch.full_like(r.completion_ids, 2))
+    after, _ = kl.sequence_kl(policy, ref, r)  # different padding tokens, same valid prefixes
+    torch.testing.assert_close(before, after)
+
+
+# --- on the real tiny Qwen3: matches the mean of k1 sums within Monte-Carlo error --------------------------------
+@pytest.fixture(scope="module")
+def tiny_pair():
+    tok = build_tokenizer()
+    policy = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0).eval()
+    ref = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1).eval()
+    return policy, ref, tok
+
+
+def test_sequence_kl_matches_k1_on_many_samples_of_a_real_model(tiny_pair):
+    policy, ref, tok = tiny_pair
+    torch.manual_seed(0)
+    r = rollout.generate(policy, tok, ["1+2=", "3+4+5="], group_size=200, max_new_tokens=4)
+    with torch.no_grad():
+        ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, r.n_prompt_tokens)
+    k1_sum = (kl.k1(r.logprobs, ref_logp) * r.completion_mask).sum(-1)  # (400,)
+    seq_kl, _ = kl.sequence_kl(policy, ref, r)
+    diff = k1_sum - seq_kl  # mean 0; its spread sets the tolerance
+    assert abs(float(diff.mean())) < 4 * float(diff.std()) / len(diff) ** 0.5
+    assert float(seq_kl.std()) < float(k1_sum.std())  # the exact per-position sum is the low-variance one
+    assert float(seq_kl.mean()) > 0.02  # two random inits: ~0.012 nats per token over 4 tokens
+
+
+def test_fresh_sample_kl_is_repeatable_and_leaves_the_rng_alone(tiny_pair):
+    policy, ref, tok = tiny_pair
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    a = kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    assert torch.equal(torch.rand(3), expected_next)  # the training RNG did not move
+    b = kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    assert a == b and a["n"] == 16 and a["kl"] > 0
+    same = kl.fresh_sample_kl(policy, policy, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    assert abs(same["kl"]) < 1e-5 and same["entropy"] > 0
+
+
+def test_fresh_sample_kl_scores_the_same_samples_when_given_answers(tiny_pair):
+    policy, ref, tok = tiny_pair
+    out = kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5, answers=["3", "8"])
+    assert out["accuracy"] == 0.0  # a random model, 4 tokens: no "#answer" yet
+    assert out["kl"] == kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5)["kl"]
+    with pytest.raises(ValueError, match="answers"):
+        kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, answers=["3"])
+
+
+# --- the trainer's KL-in-reward construction gives the reverse-KL gradient ---------------------------------------
+def _two_token_groups(theta1, theta2, ref1, ref2, G):
+    """Every group of G two-token sequences (K = 3 tokens): (probability of the group, logp (G, 2), ref (G, 2))."""
+    K = theta1.shape[0]
+    seqs = list(itertools.product(range(K), repeat=2))
+    lp1, lp2 = theta1.log_softmax(-1), theta2.log_softmax(-1)
+    rp1, rp2 = ref1.log_softmax(-1), ref2.log_softmax(-1)
+    for group in itertools.product(seqs, repeat=G):
+        logp = torch.stack([torch.stack([lp1[a], lp2[a, b]]) for a, b in group])  # (G, 2)
+        ref = torch.stack([torch.stack([rp1[a], rp2[a, b]]) for a, b in group])  # (G, 2)
+        yield logp.sum().exp().detach(), logp, ref
+
+
+@pytest.mark.parametrize("G", [2, 3])
+def test_k1_in_the_reward_through_group_advantages_to_go_is_the_reverse_kl_gradient(G):
+    # The trainer's construction: penalties beta*k1 (detached) -> group_advantages_to_go -> policy_loss at ratio 1.
+    # With equal task scores the task part is 0, and in expectation over whole groups the gradient is
+    # beta * (G - 1) / G * grad KL(pi || ref) over sequences: the group-mean baseline includes the sample itself,
+    # which shrinks it by (G - 1) / G (exactly as GRPO's task advantages), but does not change its direction.
+    g = torch.Generator().manual_seed(0)
+    theta1, theta2 = torch.randn(3, generator=g, dtype=D), torch.randn(3, 3, generator=g, dtype=D)
+    ref1, ref2 = torch.randn(3, generator=g, dtype=D), torch.randn(3, 3, generator=g, dtype=D)
+    beta = 0.5
+    t1, t2 = theta1.clone().requires_grad_(True), theta2.clone().requires_grad_(True)
+    total = 0.0
+    for p_group, logp, ref in _two_token_groups(t1, t2, ref1, ref2, G):
+        mask = torch.ones(G, 2, dtype=D)
+        penalties = beta * kl.k1(logp.detach(), ref)  # (G, 2)
+        A = advantages.group_advantages_to_go(torch.zeros(G, dtype=D), penalties, mask, G)
+        loss, _ = losses.policy_loss(logp, logp.detach(), A, mask, agg="seq-mean-token-sum")
+        total = total + p_group * loss
+    g1, g2 = torch.autograd.grad(total, (t1, t2))
+    true1, true2 = kl_toy.sequence_kl_gradients(theta1, theta2, ref1, ref2)["true"]
+    torch.testing.assert_close(g1, beta * (G - 1) / G * true1, atol=1e-6, rtol=0)  # advantages are float32
+    torch.testing.assert_close(g2, beta * (G - 1) / G * true2, atol=1e-6, rtol=0)
+
+
+def test_group_advantages_to_go_hand_example():
+    # scores [1, 0], G = 2, scale "none": task part [0.5, -0.5]
+    # penalty-to-go C = [[0.3, 0.2], [0.1, 0.1]], group mean of C_0 = (0.3 + 0.1) / 2 = 0.2
+    # A = [[0.5 - (0.3 - 0.2), 0.5 - (0.2 - 0.2)], [-0.5 - (0.1 - 0.2), -0.5 - (0.1 - 0.2)]]
+    #   = [[0.4, 0.5], [-0.4, -0.4]]
+    A = advantages.group_advantages_to_go(torch.tensor([1.0, 0.0]), torch.tensor([[0.1, 0.2], [0.0, 0.1]]),
+                                          torch.ones(2, 2), 2, scale="none")
+    torch.testing.assert_close(A, torch.tensor([[0.4, 0.5], [-0.4, -0.4]]))
+
+
+def test_group_advantages_to_go_masks_padding_and_keeps_the_penalty_of_equal_groups():
+    # equal scores: the task part is exactly 0, the KL part still acts; padding is ignored and returned as 0
+    # C = [[0.3, 0.1, 0], [0.2, 0, 0]] (row 0's padded 5.0 is masked), mean C_0 = 0.25
+    penalties = torch.tensor([[0.2, 0.1, 5.0], [0.2, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    A = advantages.group_advantages_to_go(torch.tensor([1.0, 1.0]), penalties, mask, 2)
+    torch.testing.assert_close(A, torch.tensor([[-0.05, 0.15, 0.0], [0.05, 0.0, 0.0]]))
+
+
+def test_group_advantages_to_go_rejects_bad_scores_shape():
+    with pytest.raises(ValueError, match="scores"):
+        advantages.group_advantages_to_go(torch.zeros(3), torch.zeros(2, 4), torch.ones(2, 4), 2)
