@@ -11,6 +11,9 @@ All three estimate KL(policy || ref) from tokens sampled from the policy. Their 
 | k3        | grad KL(pi || ref) - grad KL(ref || pi)   | gradient of the forward KL(ref || pi) |
 
 (On-policy expectations; ``minirl.kl_toy`` computes every cell exactly by enumeration.)
+
+To *measure* a language model's KL to its reference (rather than estimate it for a gradient), use
+``exact_token_kl`` / ``sequence_kl`` / ``fresh_sample_kl``: the full-vocabulary KL at every position of fresh samples.
 """
 
 from __future__ import annotations
