@@ -514,7 +514,65 @@ def build_kto_examples(prompts: Sequence[str], completions: Sequence[str], rewar
     return Dataset.from_dict(rows, features=features)
 
 
+def pairs_to_examples(pairs):
+    """Unpair preference pairs into KTO examples: each chosen completion desirable, each rejected one not.
+
+    KTO then sees exactly the completions DPO sees, with the pairing thrown away, which makes the comparison of
+    the two like for like. Order: the chosen then the rejected completion of pair 0, then of pair 1, ...
+
+    Args:
+        pairs: a Dataset (or dict of lists) with columns ``prompt``, ``chosen``, ``rejected``.
+
+    Returns:
+        datasets.Dataset with columns ``prompt``, ``completion``, ``label`` (bool), twice as many rows as pairs.
+    """
+    from datasets import Dataset, Features, Value
+
+    rows = {"prompt": [], "completion": [], "label": []}
+    for prompt, chosen, rejected in zip(pairs["prompt"], pairs["chosen"], pairs["rejected"], strict=True):
+        rows["prompt"] += [prompt, prompt]
+        rows["completion"] += [chosen, rejected]
+        rows["label"] += [True, False]
+    features = Features({"prompt": Value("string"), "completion": Value("string"), "label": Value("bool")})
+    return Dataset.from_dict(rows, features=features)
+
+
+def flip_pairs(pairs, fraction: float, seed: int = 0):
+    """Label noise: swap chosen and rejected in a random share of the pairs.
+
+    Exactly ``round(fraction * n)`` pairs are flipped, chosen without replacement by a seeded permutation (same
+    seed, same flips). A column ``flipped`` (bool) records which, so a notebook can follow the noisy pairs.
+
+    Args:
+        pairs: a Dataset with columns ``prompt``, ``chosen``, ``rejected``.
+        fraction: share of pairs to flip, in [0, 1].
+        seed: seed of the choice of pairs.
+
+    Returns:
+        datasets.Dataset with the same columns plus ``flipped``.
+
+    Raises:
+        ValueError: if fraction is outside [0, 1].
+    """
+    from datasets import Dataset, Features, Value
+
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must be in [0, 1], got {fraction}")
+    n = len(pairs)
+    k = round(fraction * n)
+    flipped = torch.zeros(n, dtype=torch.bool)
+    flipped[torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k]] = True
+    chosen, rejected = list(pairs["chosen"]), list(pairs["rejected"])
+    rows = {"prompt": list(pairs["prompt"]), "chosen": [], "rejected": [], "flipped": flipped.tolist()}
+    for c, r, f in zip(chosen, rejected, rows["flipped"], strict=True):
+        rows["chosen"].append(r if f else c)
+        rows["rejected"].append(c if f else r)
+    features = Features({"prompt": Value("string"), "chosen": Value("string"), "rejected": Value("string"),
+                         "flipped": Value("bool")})
+    return Dataset.from_dict(rows, features=features)
+
+
 __all__ = [
     "dpo_loss", "ipo_loss", "kto_loss", "kto_mismatched_indices", "simpo_loss", "ipo_bandit",
-    "total_order_preferences", "build_preference_pairs", "build_kto_examples",
+    "total_order_preferences", "build_preference_pairs", "build_kto_examples", "pairs_to_examples", "flip_pairs",
 ]

@@ -178,7 +178,9 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         temperature: sampling temperature (> 0). The behaviour log-probs use the same value.
         greedy: take the argmax instead of sampling (for evaluation); log-probs are still at ``temperature``.
         record_routes: for an MoE model, record the experts each token used in the behaviour forward
-            (``moe.record_routing``), for Routing Replay during training.
+            (``moe.record_routing``), for Routing Replay during training. They are recorded in the full-sequence
+            forward that computes ``logprobs``, not during incremental decoding: that forward defines pi_old, so
+            replaying its routes reproduces pi_old exactly (moe.py explains why the two agree to round-off).
 
     Returns:
         A ``Rollout`` with B = N * G rows, grouped by prompt.

@@ -22,14 +22,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
 from . import kl as kl_mod
 from . import losses, models, rewards, rollout, sampling, tasks
+from . import preference as pref
 from ._checks import choice
 from .moe import record_routing, replay_routing
 from .tokenizer import build_tokenizer
+
+#: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
+PROGRESS_INTERVAL = 10.0
 
 CACHE_DIR = Path(os.environ.get("MINIRL_CACHE", Path(__file__).resolve().parent.parent / ".cache"))
 
@@ -57,11 +61,11 @@ class Profile:
 PROFILES = {
     "cpu": Profile(name="cpu", device="cpu", dense=dict(hidden_size=128, num_layers=4, num_heads=4),
                    moe=dict(hidden_size=128, num_layers=4, num_heads=4), sft_steps=200, sft_batch_size=64,
-                   sft_lr=2e-3, rl_steps=60, prompts_per_step=8, group_size=8, max_new_tokens=32, eval_size=256),
+                   sft_lr=2e-3, rl_steps=150, prompts_per_step=16, group_size=8, max_new_tokens=40, eval_size=256),
     "gpu": Profile(name="gpu", device="cuda", dense=dict(hidden_size=256, num_layers=6, num_heads=8),
                    moe=dict(hidden_size=256, num_layers=6, num_heads=8, num_experts=16), sft_steps=600,
                    sft_batch_size=128, sft_lr=1e-3, rl_steps=200, prompts_per_step=32, group_size=16,
-                   max_new_tokens=32, eval_size=256),
+                   max_new_tokens=40, eval_size=256),
 }
 
 
@@ -164,7 +168,7 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))  # short warm-up
     model.train()
     losses_ = []
-    for _ in tqdm(range(steps), desc="sft", disable=not progress):
+    for _ in tqdm(range(steps), desc="sft", disable=not progress, mininterval=PROGRESS_INTERVAL):
         idx = torch.randint(len(dataset), (batch_size,), generator=gen).tolist()
         rows = dataset.select(idx)
         batch = {k: v.to(device) for k, v in sft_batch(tokenizer, rows["prompt"], rows["completion"]).items()}
@@ -235,13 +239,13 @@ class RLConfig:
     steps: int = 60  # RL steps (one rollout each)
     prompts_per_step: int = 8  # prompts per rollout; the batch is prompts_per_step * group_size completions
     group_size: int = 8  # G, completions per prompt
-    max_new_tokens: int = 32  # completion budget (L_max of DAPO's overlong shaping)
+    max_new_tokens: int = 40  # completion budget (L_max of DAPO's overlong shaping)
     temperature: float = 1.0  # sampling temperature, also used for every log-prob
-    lr: float = 2e-4  # policy learning rate (AdamW)
+    lr: float = 1e-4  # policy learning rate (AdamW); the tiny models collapse from about 3e-4 up
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # gradient clipping of the policy (and critic)
-    num_iterations: int = 2  # epochs over each rollout (GRPO's mu); > 1 makes the ratio differ from 1
-    num_minibatches: int = 2  # optimiser steps per epoch; minibatches split the rollout by groups
+    num_iterations: int = 1  # epochs over each rollout (GRPO's mu)
+    num_minibatches: int = 2  # optimiser steps per epoch (split by groups); > 1 makes later ratios differ from 1
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: the minibatch
     # --- advantages
     advantage: str = "group"  # "group" (GRPO family) or "gae" (PPO, needs the critic)
@@ -304,6 +308,11 @@ class RLConfig:
                              f"{self.lr}")
         if self.level == "sequence" and self.agg != "seq-mean-token-mean":
             raise ValueError("level='sequence' (GSPO) has one term per sequence: agg must be 'seq-mean-token-mean'")
+        if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
+            raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
+        if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
+            raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
+                             f"got {self.overlong_cache_len}")
 
 
 # One row per algorithm: what it changes relative to the RLConfig defaults. Values from the papers, scaled to the
@@ -443,7 +452,8 @@ def _collect(model, tokenizer, cfg: RLConfig, train_data, gen: torch.Generator) 
     if not cfg.dynamic_sampling:
         acc, r = one_round(0, cfg.prompts_per_step)
         signal = sampling.has_signal(acc, G)
-        return r, {"gen_rounds": 1, "gen_samples": acc.numel(), "useful_groups": float(signal.float().mean())}
+        return r, {"gen_rounds": 1, "gen_samples": acc.numel(), "useful_groups": float(signal.float().mean()),
+                   "useful_groups_in_batch": int(signal.sum())}
     per_round = cfg.gen_prompts_per_round or cfg.prompts_per_step
     ds = sampling.dynamic_sampling(lambda i: one_round(i, per_round), cfg.prompts_per_step, G, cfg.max_gen_batches,
                                    cfg.allow_partial_batch)
@@ -456,8 +466,11 @@ def _collect(model, tokenizer, cfg: RLConfig, train_data, gen: torch.Generator) 
         parts.append(sel)
     batch = rollout.concat(parts, tokenizer.pad_token_id)
     batch.answers = [a for p in parts for a in p.answers]
+    # useful_groups: share of GENERATED groups with signal (kept or not), as without dynamic sampling;
+    # useful_groups_in_batch: groups with signal among those trained on (= prompts_per_step unless partial)
     return batch, {"gen_rounds": ds.rounds, "gen_samples": ds.samples,
-                   "useful_groups": ds.groups_kept / max(ds.groups_seen, 1)}
+                   "useful_groups": ds.groups_with_signal / max(ds.groups_seen, 1),
+                   "useful_groups_in_batch": ds.groups_kept}
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_model=None, value_model=None,
@@ -518,7 +531,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_mo
     metrics0 = run_eval(0)
     if metrics0:
         history.log(step=0, **metrics0)
-    for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress):
+    for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress,
+                     mininterval=PROGRESS_INTERVAL):
         t_start = time.time()
         # 1. rollout ---------------------------------------------------------------------------------------------
         batch, gen_metrics = _collect(model, tokenizer, cfg, train_data, gen)
@@ -560,7 +574,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_mo
             if cfg.whiten_advantages:
                 advantages = adv.whiten(advantages, mask)
         elif beta > 0 and cfg.kl_placement == "reward":
-            advantages = adv.group_advantages_to_go(token_rewards, mask, G, cfg.adv_scale, cfg.adv_eps)
+            penalties = beta * kl_mod.kl_estimate(old_logprobs, ref_logprobs, cfg.kl_estimator)  # (B, T), no grad
+            advantages = adv.group_advantages_to_go(scores, penalties, mask, G, cfg.adv_scale, cfg.adv_eps)
         else:
             advantages = adv.group_advantages(scores, G, cfg.adv_scale, cfg.adv_eps)  # (B,)
         loss_mask = mask
@@ -642,16 +657,16 @@ def _optimise_minibatch(model, opt, value_model, value_opt, cfg, beta, batch, ro
         if ref_logprobs is not None and beta > 0 and cfg.kl_placement == "loss":
             kl_tok = kl_mod.kl_in_loss(logprobs, ref_logprobs[mrows], cfg.kl_estimator)
             kl_agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
-            loss = loss + beta * losses.aggregate(kl_tok, m, kl_agg, cfg.max_new_tokens,
-                                                  denominator if cfg.level != "sequence" else denominator)
+            loss = loss + beta * losses.aggregate(kl_tok, m, kl_agg, cfg.max_new_tokens, denominator)
         loss.backward()
         if value_model is not None:
             values = models.token_values(value_model, ids, am, P)
             vloss, vst = losses.value_loss(values, old_values[mrows], returns[mrows], m, cfg.value_clip,
                                            "token-mean", float(loss_mask[rows].sum().clamp(min=1)))
             (cfg.vf_coef * vloss).backward()
-            st = {**st, **vst, "value_loss": float(vloss) * len(mrows) / len(rows)}
-        st["loss"] = float(loss)
+            # vloss is already divided by the whole minibatch's token count: the micro-batch parts add up
+            st = {**st, **vst, "value_loss": float(vloss.detach())}
+        st["loss"] = float(loss.detach())
         stats.append(st)
         with torch.no_grad():
             entropies += float((entropy * batch.completion_mask[mrows]).sum())
@@ -668,6 +683,377 @@ def _optimise_minibatch(model, opt, value_model, value_opt, cfg, beta, batch, ro
     out["entropy"] = entropies / max(n_tokens, 1.0)
     out["grad_norm"] = float(grad_norm)
     return out
+
+
+# ------------------------------------------------------------------------------------------------ preference loop
+# DPO, IPO, KTO and SimPO train on fixed data (pairs, or labelled single completions) with no rollout inside the
+# loop: each step is 1. a batch of pairs / examples, 2. policy (and reference) log-probs of their completions,
+# 3. the method's loss from minirl.preference, 4. one optimiser step, 5. log. The loss functions take one
+# log-prob per completion; how token log-probs are reduced to it is part of each method (PREFERENCE_METHODS).
+
+#: Per-method defaults: the reduction of token log-probs to one number per completion, beta (when the method has
+#: one), whether a frozen reference model is needed, and the data the method reads.
+PREFERENCE_METHODS: dict[str, dict] = {
+    # Rafailov et al. 2023, eq. 7: sequence log-likelihood (sum over tokens), beta 0.1, reference model
+    "dpo": dict(reduction="sum", beta=0.1, reference=True, data="pairs"),
+    # Azar et al. 2023, eq. 17: the paper's sequence log-likelihood (sum); TRL averages per token (reduction="mean")
+    "ipo": dict(reduction="sum", beta=None, reference=True, data="pairs"),
+    # Ethayarajh et al. 2024, eq. 7-8: sum over tokens, beta 0.1, unpaired labelled completions, reference model
+    "kto": dict(reduction="sum", beta=0.1, reference=True, data="examples"),
+    # Meng et al. 2024, eq. 6: mean over tokens, beta 2.0, margin gamma 1.0, NO reference model
+    "simpo": dict(reduction="mean", beta=2.0, reference=False, data="pairs"),
+}
+_PREF_COLUMNS = {"pairs": ("prompt", "chosen", "rejected"), "examples": ("prompt", "completion", "label")}
+
+
+@dataclass
+class PrefConfig:
+    """Every setting of the preference loop ``train_preference``. Defaults follow the papers (PREFERENCE_METHODS)."""
+
+    method: str = "dpo"  # "dpo", "ipo", "kto" or "simpo"
+    beta: float | None = None  # DPO / KTO / SimPO reward scale; None: the method's default (0.1, 0.1, 2.0)
+    tau: float = 0.1  # IPO regularisation; the target log-ratio margin is 1 / (2 tau) nats
+    gamma: float = 1.0  # SimPO target margin (absolute, on beta * mean log-prob)
+    label_smoothing: float = 0.0  # DPO only: > 0 is conservative DPO (cDPO), the assumed label-flip probability
+    lambda_d: float = 1.0  # KTO weight of desirable examples
+    lambda_u: float = 1.0  # KTO weight of undesirable examples
+    reduction: str | None = None  # "sum" or "mean" over completion tokens; None: the method's default
+    lr: float = 1e-4  # AdamW learning rate
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    steps: int = 50  # optimiser steps
+    batch_size: int = 16  # pairs per step (DPO, IPO, SimPO) or examples per step (KTO, >= 2)
+    seed: int = 0  # batch order and KTO's mismatched pairing
+    temperature: float = 1.0  # log-probs from logits / temperature (1.0: the model's own distribution)
+    max_new_tokens: int = 40  # completion budget of the held-out evaluation
+    eval_every: int = 0  # evaluate every N steps (0: only before and after)
+    eval_samples_per_prompt: int = 1
+    progress: bool = True  # tqdm bar
+
+    def resolved(self) -> dict:
+        """The method's effective beta and reduction (the config's, or the method's defaults)."""
+        defaults = PREFERENCE_METHODS[self.method]
+        return {"beta": defaults["beta"] if self.beta is None else self.beta,
+                "reduction": self.reduction or defaults["reduction"]}
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field for any invalid setting."""
+        choice("method", self.method, PREFERENCE_METHODS)
+        if self.reduction is not None:
+            choice("reduction", self.reduction, ("sum", "mean"))
+        for name in ("steps", "batch_size", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.method == "kto" and self.batch_size < 2:
+            raise ValueError(f"KTO pairs each example with another one of its batch: batch_size must be >= 2, "
+                             f"got {self.batch_size}")
+        for name in ("lr", "tau", "temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        beta = self.resolved()["beta"]
+        if beta is not None and not beta > 0:
+            raise ValueError(f"beta must be > 0, got {beta}")
+        if self.label_smoothing and self.method != "dpo":
+            raise ValueError(f"label_smoothing (cDPO) applies to method 'dpo' only, got method {self.method!r}")
+
+
+def encode_completions(tokenizer, prompts: Sequence[str], completions: Sequence[str], device=None) -> dict:
+    """Token ids of prompt + completion + EOS in the rollout layout that ``rollout.token_logprobs`` reads.
+
+    Prompts (with BOS) are left-padded to a common length P and completions (with EOS appended) right-padded to
+    T, exactly as ``rollout.generate`` lays out a batch; so the log-probs of a sampled completion that ended with
+    EOS are reproduced to float precision. A truncated sample (no EOS) is encoded with an EOS appended.
+
+    Args:
+        tokenizer: the model's tokenizer (BOS added to the prompt, pad and EOS ids set).
+        prompts: B prompt strings.
+        completions: B completion strings (without EOS).
+        device: where to put the tensors.
+
+    Returns:
+        dict with input_ids (B, P + T), attention_mask (B, P + T), completion_mask (B, T) float (1 up to and
+        including EOS) and n_prompt_tokens = P.
+
+    Raises:
+        ValueError: if prompts and completions differ in length or are empty.
+    """
+    if len(prompts) != len(completions) or len(prompts) == 0:
+        raise ValueError(f"need as many prompts as completions, at least one; got {len(prompts)} and "
+                         f"{len(completions)}")
+    p_ids = [tokenizer(p).input_ids for p in prompts]  # BOS + prompt
+    c_ids = [tokenizer(c, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for c in completions]
+    P, T, pad = max(map(len, p_ids)), max(map(len, c_ids)), tokenizer.pad_token_id
+    ids, am, cm = [], [], []
+    for p, c in zip(p_ids, c_ids, strict=True):
+        ids.append([pad] * (P - len(p)) + p + c + [pad] * (T - len(c)))
+        am.append([0] * (P - len(p)) + [1] * (len(p) + len(c)) + [0] * (T - len(c)))
+        cm.append([1.0] * len(c) + [0.0] * (T - len(c)))
+    return {"input_ids": torch.tensor(ids, device=device), "attention_mask": torch.tensor(am, device=device),
+            "completion_mask": torch.tensor(cm, device=device), "n_prompt_tokens": P}
+
+
+def _completion_logps(model, enc: dict, temperature: float) -> torch.Tensor:
+    """(B, T) token log-probs of the encoded completions, zero outside the completion mask."""
+    tok = rollout.token_logprobs(model, enc["input_ids"], enc["attention_mask"], enc["n_prompt_tokens"], temperature)
+    return tok * enc["completion_mask"]
+
+
+@torch.no_grad()
+def reference_logps(ref_model, enc: dict, temperature: float = 1.0, reduction: str = "sum") -> torch.Tensor:
+    """(B,) per-sequence log-probs under the frozen reference: no_grad, and the model must be in eval mode.
+
+    Raises:
+        ValueError: if the reference is in train mode (dropout would make its log-probs random).
+    """
+    if ref_model.training:
+        raise ValueError("ref_model must be in eval mode (call ref_model.eval())")
+    return rollout.sequence_logprobs(_completion_logps(ref_model, enc, temperature), enc["completion_mask"], reduction)
+
+
+def kto_reference_pairs(prompts: Sequence[str], completions: Sequence[str], generator=None):
+    """The mismatched (prompt, completion) pairs of a KTO batch for the reference point z0.
+
+    Prompt i is paired with the completion of example j = ``preference.kto_mismatched_indices(B)[i]`` != i.
+
+    Returns:
+        (prompts, mismatched completions, idx (B,) long).
+    """
+    idx = pref.kto_mismatched_indices(len(prompts), generator)
+    return list(prompts), [completions[j] for j in idx.tolist()], idx
+
+
+def preference_pair_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConfig) -> tuple[torch.Tensor, dict]:
+    """DPO, IPO or SimPO loss of a batch of pairs: one forward of the 2B completions (chosen, then rejected).
+
+    Args:
+        batch: dict of lists ``prompt``, ``chosen``, ``rejected`` (B pairs).
+        ref_model: the frozen reference in eval mode; ignored (may be None) for SimPO.
+
+    Returns:
+        (loss, stats): the method's stats (``accuracy`` renamed ``reward_accuracy``) plus ``chosen_logps`` and
+        ``rejected_logps``: batch means of the policy's summed log-probs (nats per completion) whatever the
+        reduction, so the curves of all methods share one unit.
+    """
+    n, opts = len(batch["prompt"]), cfg.resolved()
+    device = next(model.parameters()).device
+    enc = encode_completions(tokenizer, list(batch["prompt"]) * 2, list(batch["chosen"]) + list(batch["rejected"]),
+                             device)
+    tok = _completion_logps(model, enc, cfg.temperature)  # (2B, T)
+    logps = rollout.sequence_logprobs(tok, enc["completion_mask"], opts["reduction"])  # (2B,)
+    if cfg.method == "simpo":
+        loss, stats = pref.simpo_loss(logps[:n], logps[n:], opts["beta"], cfg.gamma)
+    else:
+        ref = reference_logps(ref_model, enc, cfg.temperature, opts["reduction"])  # (2B,), no grad
+        if cfg.method == "dpo":
+            loss, stats = pref.dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], opts["beta"], cfg.label_smoothing)
+        else:
+            loss, stats = pref.ipo_loss(logps[:n], logps[n:], ref[:n], ref[n:], cfg.tau)
+    sums = tok.detach().sum(-1)  # (2B,) nats per completion
+    stats["reward_accuracy"] = stats.pop("accuracy")
+    stats.update(chosen_logps=float(sums[:n].mean()), rejected_logps=float(sums[n:].mean()))
+    return loss, stats
+
+
+def preference_kto_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConfig,
+                        generator: torch.Generator | None = None) -> tuple[torch.Tensor, dict]:
+    """KTO loss of a batch of labelled completions, z0 from mismatched pairs of the same batch.
+
+    The mismatched log-probs only feed z0, which ``preference.kto_loss`` detaches, so both the policy's and the
+    reference's are computed without gradient.
+
+    Args:
+        batch: dict of lists ``prompt``, ``completion``, ``label`` (bool: desirable), B >= 2 examples.
+        generator: draws the mismatched pairing (None: shift by one).
+
+    Returns:
+        (loss, stats): ``preference.kto_loss``'s stats (``accuracy`` renamed ``reward_accuracy``) plus
+        ``chosen_logps`` / ``rejected_logps``: mean summed log-probs of the desirable / undesirable completions
+        (nats; NaN when the batch has none of that class).
+    """
+    opts, device = cfg.resolved(), next(model.parameters()).device
+    prompts, completions = list(batch["prompt"]), list(batch["completion"])
+    desirable = torch.tensor(batch["label"], dtype=torch.bool, device=device)  # (B,)
+    enc = encode_completions(tokenizer, prompts, completions, device)
+    tok = _completion_logps(model, enc, cfg.temperature)  # (B, T)
+    logps = rollout.sequence_logprobs(tok, enc["completion_mask"], opts["reduction"])  # (B,)
+    kl_enc = encode_completions(tokenizer, *kto_reference_pairs(prompts, completions, generator)[:2], device)
+    with torch.no_grad():
+        kl_logps = rollout.sequence_logprobs(_completion_logps(model, kl_enc, cfg.temperature),
+                                             kl_enc["completion_mask"], opts["reduction"])  # (B,)
+    ref = reference_logps(ref_model, enc, cfg.temperature, opts["reduction"])  # (B,)
+    kl_ref = reference_logps(ref_model, kl_enc, cfg.temperature, opts["reduction"])  # (B,)
+    loss, stats = pref.kto_loss(logps, ref, kl_logps, kl_ref, desirable, opts["beta"], cfg.lambda_d, cfg.lambda_u)
+    sums = tok.detach().sum(-1)  # (B,)
+    stats["reward_accuracy"] = stats.pop("accuracy")
+    stats.update(chosen_logps=float(sums[desirable].mean()), rejected_logps=float(sums[~desirable].mean()))
+    return loss, stats
+
+
+def memory_held(model, optimizer=None, ref_model=None) -> dict:
+    """Bytes held by the training state, counted from the live tensors (each storage once; tied weights once).
+
+    Returns:
+        dict of memory_policy_bytes (parameters), memory_grad_bytes, memory_optimizer_bytes (e.g. AdamW's two
+        moments), memory_reference_bytes (0 without a reference model) and memory_total_bytes. Activations are
+        not included: they come and go within a step.
+    """
+    def nbytes(tensors) -> int:
+        seen, total = set(), 0
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+        return total
+
+    params = list(model.parameters())
+    out = {"memory_policy_bytes": nbytes(params),
+           "memory_grad_bytes": nbytes(p.grad for p in params if p.grad is not None),
+           "memory_optimizer_bytes": nbytes(v for s in (optimizer.state.values() if optimizer else [])
+                                            for v in s.values()),
+           "memory_reference_bytes": nbytes(ref_model.parameters()) if ref_model is not None else 0}
+    out["memory_total_bytes"] = sum(out.values())
+    return out
+
+
+def _batch_indices(n: int, batch_size: int, steps: int, gen: torch.Generator):
+    """``steps`` lists of ``batch_size`` row indices: epochs of seeded permutations, read in order."""
+    order = torch.empty(0, dtype=torch.long)
+    for _ in range(steps):
+        while len(order) < batch_size:
+            order = torch.cat([order, torch.randperm(n, generator=gen)])
+        yield order[:batch_size].tolist()
+        order = order[batch_size:]
+
+
+def _check_preference_data(data, method: str) -> None:
+    kind = PREFERENCE_METHODS[method]["data"]
+    missing = [c for c in _PREF_COLUMNS[kind] if c not in data.column_names]
+    if missing:
+        raise ValueError(f"method {method!r} reads {kind} with columns {list(_PREF_COLUMNS[kind])}; the data lacks "
+                         f"{missing}")
+    if len(data) == 0:
+        raise ValueError("the preference data is empty")
+
+
+def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, eval_data=None,
+                     callback: Callable[[int, dict], None] | None = None) -> History:
+    """Train ``model`` in place with DPO, IPO, KTO or SimPO on fixed preference data; return the per-step History.
+
+    Each step: 1. the next ``batch_size`` rows (epochs of seeded permutations); 2. log-probs of their completions
+    under the policy (``rollout.token_logprobs``, reduced by ``rollout.sequence_logprobs``) and, except for SimPO,
+    under the frozen reference (no_grad, eval mode); 3. the method's loss from ``minirl.preference``; 4. one
+    AdamW step with gradient clipping; 5. a row of metrics into History.
+
+    Args:
+        model: the policy (a causal LM), trained in place.
+        tokenizer: its tokenizer.
+        data: a Dataset of pairs (``prompt``, ``chosen``, ``rejected``) for DPO / IPO / SimPO, or of labelled
+            examples (``prompt``, ``completion``, ``label``) for KTO.
+        cfg: a PrefConfig.
+        ref_model: the frozen reference; default a copy of the policy at the start. Never made (and ignored)
+            for SimPO, which is reference-free.
+        eval_data: optional held-out Dataset (prompt, answer): task accuracy sampled at T = 1 and greedy is
+            logged before training (step 0), every ``cfg.eval_every`` steps and at the end.
+        callback: called as ``callback(step, row)`` after each step.
+
+    Returns:
+        History; each step logs loss, the method's stats (chosen_rewards / rejected_rewards / margins /
+        reward_accuracy, or KTO's z0 and class rewards), chosen_logps / rejected_logps (summed, nats), grad_norm,
+        time; the last row also the ``memory_held`` figures.
+
+    Raises:
+        ValueError: for an invalid config or data without the method's columns.
+    """
+    cfg.validate()
+    _check_preference_data(data, cfg.method)
+    set_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    if not PREFERENCE_METHODS[cfg.method]["reference"]:
+        ref_model = None
+    elif ref_model is None:
+        ref_model = copy.deepcopy(model)
+    if ref_model is not None:
+        ref_model.eval().requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    history = History()
+
+    def run_eval(step):
+        if eval_data is None:
+            return {}
+        sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
+                           samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed)
+        greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True)
+        return {"eval_accuracy": sampled["accuracy"], "eval_greedy_accuracy": greedy["accuracy"],
+                "eval_length": sampled["mean_length"], "eval_format": sampled["format_rate"]}
+
+    metrics0 = run_eval(0)
+    if metrics0:
+        history.log(step=0, **metrics0)
+    model.train()
+    batches = _batch_indices(len(data), cfg.batch_size, cfg.steps, gen)
+    for step, idx in enumerate(tqdm(batches, total=cfg.steps, desc=cfg.method, disable=not cfg.progress,
+                                                 mininterval=PROGRESS_INTERVAL), start=1):
+        t0 = time.time()
+        batch = data[idx]  # 1. dict of lists
+        if cfg.method == "kto":  # 2-3. log-probs and loss
+            loss, stats = preference_kto_loss(model, ref_model, tokenizer, batch, cfg, gen)
+        else:
+            loss, stats = preference_pair_loss(model, ref_model, tokenizer, batch, cfg)
+        opt.zero_grad(set_to_none=True)  # 4. optimise
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        opt.step()
+        row = dict(step=step, loss=loss.item(), **stats, grad_norm=float(grad_norm), time=time.time() - t0)  # 5.
+        if step == cfg.steps:
+            row.update(memory_held(model, opt, ref_model))
+        if eval_data is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
+            row.update(run_eval(step))
+        history.log(**row)
+        if callback is not None:
+            callback(step, row)
+    return history
+
+
+@torch.no_grad()
+def sample_preference_data(model, tokenizer, prompts_data, n_prompts: int, group_size: int, max_new_tokens: int,
+                           temperature: float = 1.0, seed: int = 0, prompts_per_batch: int = 64):
+    """Preference data from the model's own samples: G completions per prompt, scored by the task's checker.
+
+    ``n_prompts`` prompts are drawn without replacement (seeded), each sampled ``group_size`` times with
+    ``rollout.generate``, scored with ``tasks.score``; then ``preference.build_preference_pairs`` makes
+    (correct, wrong) pairs inside each group and ``preference.build_kto_examples`` labels every completion
+    (all groups: KTO can use the groups that are all correct or all wrong, which give no pair).
+
+    Args:
+        prompts_data: Dataset with prompt and answer columns (e.g. the train split).
+        n_prompts, group_size, max_new_tokens, temperature: what to sample.
+        seed: the prompt choice and the sampling (the global RNG is restored afterwards).
+        prompts_per_batch: prompts per generate call.
+
+    Returns:
+        (pairs Dataset, kto examples Dataset, info dict with samples, sample_accuracy, mixed_groups (share of
+        groups with both a correct and a wrong completion) and truncated_rate).
+    """
+    state = torch.get_rng_state()
+    gen = torch.Generator().manual_seed(seed)
+    rows = prompts_data.select(torch.randperm(len(prompts_data), generator=gen)[:n_prompts].tolist())
+    prompts, answers = list(rows["prompt"]), list(rows["answer"])
+    torch.manual_seed(seed)
+    completions, rewards, truncated = [], [], []
+    for i in range(0, len(prompts), prompts_per_batch):
+        r = rollout.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
+                             temperature)
+        completions += r.completions
+        truncated += r.truncated.tolist()
+        rewards += [tasks.score(c, answers[i + j // group_size]).reward for j, c in enumerate(r.completions)]
+    torch.set_rng_state(state)
+    pairs = pref.build_preference_pairs(prompts, completions, rewards, group_size)
+    examples = pref.build_kto_examples(prompts, completions, rewards, group_size)
+    per_group = torch.tensor(rewards).view(-1, group_size)
+    mixed = ((per_group > 0.5).any(1) & (per_group <= 0.5).any(1)).float().mean()
+    info = {"samples": len(completions), "sample_accuracy": float(np.mean(rewards)), "mixed_groups": float(mixed),
+            "truncated_rate": float(np.mean(truncated)), "pairs": len(pairs)}
+    return pairs, examples, info
 
 
 # ------------------------------------------------------------------------------------------------ main job
@@ -690,7 +1076,8 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
     test = tasks.load_split("test")
     test = test.select(range(min(prof.eval_size, len(test))))
     cfg = make_config(algo, seed=seed, steps=steps or prof.rl_steps, prompts_per_step=prof.prompts_per_step,
-                      group_size=prof.group_size, max_new_tokens=prof.max_new_tokens, **overrides)
+                      group_size=prof.group_size, max_new_tokens=prof.max_new_tokens,
+                      **{"eval_samples_per_prompt": 4, "eval_every": 50, **overrides})  # 4 samples: less eval noise
     history = train_rl(model, tokenizer, cfg, tasks.load_split("train"), eval_data=test)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -702,6 +1089,8 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
         "after": {"sampled_accuracy": last["eval_accuracy"], "greedy_accuracy": last["eval_greedy_accuracy"]},
         "warm_start_seconds": round(t_warm, 1), "total_seconds": round(time.time() - t0, 1),
         "parameters": info["parameters"], "temperature": cfg.temperature,
+        "eval": f"{len(test)} held-out prompts, {cfg.eval_samples_per_prompt} samples each at T={cfg.temperature}; "
+                f"greedy: 1 each",
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     fig = plot_history(history, title=f"{algo} on the running-sums task ({prof.name} profile, seed {seed})")
@@ -711,4 +1100,6 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
 
 __all__ = ["PROFILES", "Profile", "resolve_profile", "set_seed", "evaluate", "sft", "sft_batch", "warm_start",
            "RLConfig", "ALGORITHMS", "make_config", "algorithms_table", "History", "train_rl", "adaptive_kl_beta",
-           "main_job", "math"]
+           "main_job", "math", "PREFERENCE_METHODS", "PrefConfig", "encode_completions",
+           "reference_logps", "kto_reference_pairs", "preference_pair_loss", "preference_kto_loss", "memory_held",
+           "train_preference", "sample_preference_data"]

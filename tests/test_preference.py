@@ -447,3 +447,31 @@ def test_builders_validate_lengths(builder, args, match):
 def test_build_preference_pairs_needs_groups_of_two():
     with pytest.raises(ValueError, match="group_size"):
         build_preference_pairs(["p", "q"], ["x", "y"], [1.0, 0.0], group_size=1)
+
+
+def test_pairs_to_examples_unpairs_chosen_and_rejected():
+    from minirl.preference import pairs_to_examples
+
+    pairs = {"prompt": ["p", "q"], "chosen": ["c0", "c1"], "rejected": ["r0", "r1"]}
+    ds = pairs_to_examples(pairs)
+    assert ds.column_names == ["prompt", "completion", "label"]
+    assert ds["prompt"] == ["p", "p", "q", "q"]
+    assert ds["completion"] == ["c0", "r0", "c1", "r1"]
+    assert ds["label"] == [True, False, True, False]
+
+
+def test_flip_pairs_swaps_exactly_the_share_asked_for():
+    from datasets import Dataset
+
+    from minirl.preference import flip_pairs
+
+    pairs = Dataset.from_dict({"prompt": [f"p{i}" for i in range(10)], "chosen": [f"c{i}" for i in range(10)],
+                               "rejected": [f"r{i}" for i in range(10)]})
+    noisy = flip_pairs(pairs, 0.3, seed=4)
+    assert sum(noisy["flipped"]) == 3  # round(0.3 * 10)
+    for i, f in enumerate(noisy["flipped"]):
+        assert (noisy["chosen"][i], noisy["rejected"][i]) == ((f"r{i}", f"c{i}") if f else (f"c{i}", f"r{i}"))
+    assert noisy.to_dict() == flip_pairs(pairs, 0.3, seed=4).to_dict()  # same seed, same flips
+    assert sum(flip_pairs(pairs, 0.0)["flipped"]) == 0 and sum(flip_pairs(pairs, 1.0)["flipped"]) == 10
+    with pytest.raises(ValueError, match="fraction"):
+        flip_pairs(pairs, 1.5)
