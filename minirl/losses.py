@@ -103,11 +103,16 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     - level="sequence-token" (GSPO-token, eq. 13-14): s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], which has the value
       of s_i and the gradient of s_i when advantages are constant per sequence, but admits per-token advantages.
 
-    Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp. ``old_logprobs`` is detached.
+    Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp (at the sequence levels, the mean log-ratio of
+    each sequence); outside the clamp the gradient is 0 at every level. ``old_logprobs`` is detached.
 
-    Example: on-policy, logprobs = old_logprobs = -1.0, A = +1: ratio 1, loss -1, d loss / d logprobs = -1.
-    After an update to -0.8: ratio e^0.2 = 1.2214 > 1.2, so with eps 0.2/0.2 the loss is -1.2 with gradient 0
-    (clipped); with eps_high 0.28 it is -1.221403 with gradient -1.221403.
+    Example (GSPO, eps 3e-4 / 4e-4): token log-ratios [3e-4, -1e-4, 1e-4] and [6e-4], advantages [+1, -1]:
+    s = [e^1e-4, e^6e-4] = [1.00010001, 1.00060018]; seq 0 is inside [0.9997, 1.0004], seq 1 is above it but
+    A < 0 keeps the unclipped branch, so the loss is (-1.00010001 + 1.00060018) / 2 = 0.00025009.
+
+    Example (token level): on-policy, logprobs = old_logprobs = -1.0, A = +1: ratio 1, loss -1,
+    d loss / d logprobs = -1. After an update to -0.8: ratio e^0.2 = 1.2214 > 1.2, so with eps 0.2/0.2 the loss
+    is -1.2 with gradient 0 (clipped); with eps_high 0.28 it is -1.221403 with gradient -1.221403.
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
@@ -122,9 +127,11 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence").
 
     Returns:
-        (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens, or sequences at
-        level="sequence", whose gradient the clip removed, on the low / high side), clip_frac (their sum),
-        ratio_mean / ratio_min / ratio_max, approx_kl (mean k3 estimate of KL(pi_old || pi) per token).
+        (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens whose gradient the
+        clip removed, on the low / high side; at the sequence levels every token of a clipped sequence counts, as
+        in GSPO's paper, so GSPO and GSPO-token report the same numbers), clip_frac (their sum),
+        ratio_mean / ratio_min / ratio_max / ratio_std (over valid tokens; at the sequence levels each token
+        carries its sequence's s_i), approx_kl (mean k3 estimate of KL(pi_old || pi) per token).
 
     Raises:
         ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps or
@@ -153,8 +160,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         stats = _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
     else:
         n_tokens = mask.sum(-1).clamp(min=1)  # (B,)
-        seq_log_ratio = (log_ratio.sum(-1) / n_tokens).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B,)
-        seq_ratio = seq_log_ratio.exp()  # (B,) geometric mean of the token ratios
+        mean_log_ratio = log_ratio.sum(-1) / n_tokens  # (B,)
+        seq_ratio = mean_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # (B,) geometric mean of ratios
         if level == "sequence":
             if agg != "seq-mean-token-mean":
                 raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', "
@@ -163,16 +170,20 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
             valid = (mask.sum(-1) > 0).to(per_seq.dtype)
             count = denominator if denominator is not None else valid.sum()
             loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
-            stats = _ratio_stats(seq_ratio.unsqueeze(1), advantages[:, :1], valid.unsqueeze(1), eps_low, eps_high)
+            # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
+            stats = _ratio_stats(seq_ratio.detach().unsqueeze(1).expand(B, T), advantages, mask, eps_low, eps_high)
         else:  # sequence-token: value of s_i, gradient flows through each token's own log-prob
-            ratio = seq_ratio.detach().unsqueeze(1) * torch.exp(logprobs - logprobs.detach())  # (B, T)
+            # where the clamp is active GSPO's gradient is 0 (d clamp = 0); zero it here too, so the two agree
+            inside = (mean_log_ratio.abs() <= LOG_RATIO_CLAMP).to(logprobs.dtype).detach().unsqueeze(1)  # (B, 1)
+            ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * inside)  # (B, T)
             per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)
             loss = aggregate(per_token, mask, agg, max_tokens, denominator)
             stats = _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
-    # k3 estimate of KL(pi_old || pi) from samples of pi_old: the usual "approx_kl" diagnostic of PPO
-    neg = (-log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
+    # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead)
+    lr = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     n = mask.sum().clamp(min=1)
-    stats["approx_kl"] = float((((neg.exp() - 1 - neg) * mask).sum() / n).detach())
+    stats["approx_kl"] = float(((lr.exp() - 1 - lr) * mask).sum() / n)
     return loss, stats
 
 
@@ -190,6 +201,7 @@ def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float
             "ratio_mean": 1.0 if empty else float(r.mean()),
             "ratio_min": 1.0 if empty else float(r.min()),
             "ratio_max": 1.0 if empty else float(r.max()),
+            "ratio_std": 0.0 if empty else float(r.std(unbiased=False)),
         }
 
 

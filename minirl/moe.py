@@ -9,8 +9,17 @@ without it (Zheng et al. 2025, section 5.3).
 
 Both context managers work on any router that follows the transformers 5 contract
 ``router(hidden_states) -> (router_logits, router_scores, router_indices)`` (Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE).
-Tokens are recorded during the rollout's full-sequence forward that computes the behaviour log-probs (not during
-``generate``'s incremental decoding), so recorded and replayed forwards see the same (B, L) token grid.
+Where the routes are recorded, and why that is the right place: the ratio's denominator pi_old is NOT the
+probability the sampler used during ``generate``'s incremental (KV-cache) decoding; it is recomputed by one
+full-sequence forward (``rollout.token_logprobs``, see rollout.py). Routing Replay must make the training forward
+reproduce exactly that forward, so the routes are recorded there: with unchanged weights, replaying them gives the
+behaviour log-probs back to float round-off (tests/test_gspo_moe.py checks 1e-5). The incremental decoder computes
+the same causal function of the same tokens, so its hidden states, and hence its expert choices, differ from the
+full forward's only by round-off, which can flip a choice only where two experts' router scores tie to within
+~1e-6; the tokens were therefore sampled from pi_old up to float noise. (Large systems sample with a separate
+inference engine whose kernels differ more; recording routes in that engine and replaying them in the trainer is
+the "rollout routing replay" of later MoE RL work. Here one process and one kernel make the two the same.)
+Recording a full forward also gives one (B, L) grid of routes, so minibatches select rows from it.
 """
 
 from __future__ import annotations
@@ -39,9 +48,20 @@ class Routes:
     entropy: list[Tensor] = field(default_factory=list)
 
     def select(self, rows: Tensor | list[int]) -> Routes:
-        """The routes of a subset of the batch's rows (for a minibatch of the recorded batch)."""
+        """The routes of a subset of the batch's rows (for a minibatch of the recorded batch).
+
+        Raises:
+            ValueError: if nothing was recorded.
+        """
+        if not self.indices:
+            raise ValueError("these Routes are empty (was the record_routing block exited?)")
         rows = torch.as_tensor(rows, device=self.indices[0].device)
         return Routes([ix[rows] for ix in self.indices], [h[rows] for h in self.entropy])
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the recorded expert indices (the entropies are diagnostics, not needed to replay)."""
+        return sum(ix.numel() * ix.element_size() for ix in self.indices)
 
 
 def _input_shape(model: torch.nn.Module, args, kwargs) -> tuple[int, int]:

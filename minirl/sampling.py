@@ -40,12 +40,18 @@ def has_signal(rewards: Tensor, group_size: int) -> Tensor:
 
 @dataclass
 class DynamicSample:
-    """What dynamic sampling kept: ``picks`` is a list of (round_payload, group_indices) in order."""
+    """What dynamic sampling kept: ``picks`` is a list of (round_payload, group_indices) in order.
+
+    rounds / samples: generation rounds drawn and completions sampled; groups_seen: groups generated;
+    groups_with_signal: those with non-identical rewards (kept or not: the share groups_with_signal / groups_seen
+    is the yield of generation); groups_kept: those in the batch (at most num_groups, surplus dropped).
+    """
 
     picks: list[tuple[Any, list[int]]] = field(default_factory=list)
     rounds: int = 0
     samples: int = 0
     groups_seen: int = 0
+    groups_with_signal: int = 0
     groups_kept: int = 0
 
 
@@ -89,6 +95,7 @@ def dynamic_sampling(sample_round: Callable[[int], tuple[Tensor, Any]], num_grou
         out.samples += rewards.numel()
         signal = has_signal(rewards, group_size)
         out.groups_seen += signal.numel()
+        out.groups_with_signal += int(signal.sum())
         keep = signal.nonzero().flatten().tolist()[:need]
         if keep:
             out.picks.append((payload, keep))
