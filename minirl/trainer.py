@@ -833,6 +833,9 @@ def preference_pair_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConf
         (loss, stats): the method's stats (``accuracy`` renamed ``reward_accuracy``) plus ``chosen_logps`` and
         ``rejected_logps``: batch means of the policy's summed log-probs (nats per completion) whatever the
         reduction, so the curves of all methods share one unit.
+
+    Source: DPO, Rafailov et al. 2023, eq. 7; IPO, Azar et al. 2023, eq. 17; SimPO, Meng et al. 2024, eq. 6
+    (the losses themselves live in ``minirl.preference``).
     """
     n, opts = len(batch["prompt"]), cfg.resolved()
     device = next(model.parameters()).device
@@ -869,6 +872,8 @@ def preference_kto_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConfi
         (loss, stats): ``preference.kto_loss``'s stats (``accuracy`` renamed ``reward_accuracy``) plus
         ``chosen_logps`` / ``rejected_logps``: mean summed log-probs of the desirable / undesirable completions
         (nats; NaN when the batch has none of that class).
+
+    Source: Ethayarajh et al. 2024, "KTO", eq. 7-8 (z0 from mismatched pairs of the same microbatch).
     """
     opts, device = cfg.resolved(), next(model.parameters()).device
     prompts, completions = list(batch["prompt"]), list(batch["completion"])
@@ -963,6 +968,9 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
 
     Raises:
         ValueError: for an invalid config or data without the method's columns.
+
+    Source: the offline pipeline of Rafailov et al. 2023 (sample completions from the SFT model, label them,
+    then optimise the policy against the frozen SFT model as reference); section 3 of notebook 06 runs it.
     """
     cfg.validate()
     _check_preference_data(data, cfg.method)
