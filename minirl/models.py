@@ -8,8 +8,14 @@ here (``trainer.warm_start``). ``load`` is the ordinary ``from_pretrained`` path
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    PreTrainedTokenizerBase,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 #: The MoE experts kernel. "eager" loops over the experts that received tokens; "grouped_mm" also works on CPU.
 #: Never "batched_mm" on CPU: it is about 40x slower there.

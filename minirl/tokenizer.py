@@ -19,9 +19,9 @@ def build_tokenizer(chars: str = CHARS) -> PreTrainedTokenizerFast:
     """Build the char-level tokenizer: ids 0-3 are <pad>, <eos>, <bos>, <unk>, then one id per character.
 
     Returns:
-        A ``PreTrainedTokenizerFast`` with pad/eos/bos/unk set, <bos> prepended to every text, left padding (prompts of a batch end at the same
-        column, as ``generate`` expects for decoder-only models), and a decoder that joins characters without
-        spaces. ``save_pretrained`` / ``from_pretrained`` round-trip it.
+        A ``PreTrainedTokenizerFast`` with pad/eos/bos/unk set, <bos> prepended to every text, left padding
+        (prompts of a batch end at the same column, as ``generate`` expects for decoder-only models), and a
+        decoder that joins characters without spaces. ``save_pretrained`` / ``from_pretrained`` round-trip it.
 
     Raises:
         ValueError: if ``chars`` repeats a character.

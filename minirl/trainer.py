@@ -130,6 +130,17 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
             "truncated_rate": float(torch.cat(truncated).float().mean()), "n": n}
 
 
+def _eval_metrics(model, tokenizer, eval_data, cfg) -> dict:
+    """Held-out metrics logged by the training loops: sampled at cfg.temperature and greedy ({} without data)."""
+    if eval_data is None:
+        return {}
+    sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
+                       samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed)
+    greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True)
+    return {"eval_accuracy": sampled["accuracy"], "eval_greedy_accuracy": greedy["accuracy"],
+            "eval_length": sampled["mean_length"], "eval_format": sampled["format_rate"]}
+
+
 # ------------------------------------------------------------------------------------------------ SFT warm start
 def sft_batch(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> dict:
     """Tokenise prompt + completion + EOS for teacher forcing; labels are -100 on the prompt and the padding.
@@ -519,16 +530,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_mo
     beta = cfg.beta
     history = History()
 
-    def run_eval(step):
-        if eval_data is None:
-            return {}
-        sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
-                           samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed)
-        greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True)
-        return {"eval_accuracy": sampled["accuracy"], "eval_greedy_accuracy": greedy["accuracy"],
-                "eval_length": sampled["mean_length"], "eval_format": sampled["format_rate"]}
-
-    metrics0 = run_eval(0)
+    metrics0 = _eval_metrics(model, tokenizer, eval_data, cfg)
     if metrics0:
         history.log(step=0, **metrics0)
     for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress,
@@ -610,7 +612,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_mo
         if cfg.adaptive_kl and ref_logprobs is not None:
             beta = adaptive_kl_beta(beta, row["kl_ref_seq"], cfg.target_kl, cfg.kl_horizon, B)
         if eval_data is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            row.update(run_eval(step))
+            row.update(_eval_metrics(model, tokenizer, eval_data, cfg))
         history.log(**row)
         if callback is not None:
             callback(step, row)
@@ -985,16 +987,7 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     history = History()
 
-    def run_eval(step):
-        if eval_data is None:
-            return {}
-        sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
-                           samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed)
-        greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True)
-        return {"eval_accuracy": sampled["accuracy"], "eval_greedy_accuracy": greedy["accuracy"],
-                "eval_length": sampled["mean_length"], "eval_format": sampled["format_rate"]}
-
-    metrics0 = run_eval(0)
+    metrics0 = _eval_metrics(model, tokenizer, eval_data, cfg)
     if metrics0:
         history.log(step=0, **metrics0)
     model.train()
@@ -1015,7 +1008,7 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
         if step == cfg.steps:
             row.update(memory_held(model, opt, ref_model))
         if eval_data is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            row.update(run_eval(step))
+            row.update(_eval_metrics(model, tokenizer, eval_data, cfg))
         history.log(**row)
         if callback is not None:
             callback(step, row)
