@@ -237,6 +237,26 @@ def test_same_seed_same_history(tok):
     assert not all(torch.equal(p, q) for p, q in zip(base.parameters(), finals[0].parameters(), strict=True))
 
 
+# --- the gpu profile, checked on CPU ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_gpu_profile_models_build_and_take_an_rl_step_on_cpu(tok, kind):
+    # No GPU in CI: this checks that the gpu profile's sizes make valid models (heads divide the width, 16 experts
+    # route) and that one RL step runs on them; it cannot check CUDA itself.
+    prof = trainer.PROFILES["gpu"]
+    build = models.tiny_moe if kind == "moe" else models.tiny_dense
+    model = build(tok, seed=0, **getattr(prof, kind))
+    n = models.count_parameters(model)
+    small = models.count_parameters(build(tok, seed=0, **getattr(trainer.PROFILES["cpu"], kind)))
+    assert n > 3 * small  # the gpu profile really is bigger
+    cfg = trainer.make_config("gspo" if kind == "moe" else "grpo", seed=0, steps=1, prompts_per_step=2, group_size=2,
+                              max_new_tokens=prof.max_new_tokens // 5, progress=False)
+    h = trainer.train_rl(model, tok, cfg, tasks.load_split("train"))
+    # an untrained model scores 0 everywhere, so its advantages (and gradient) are 0: check the step ran cleanly
+    assert [r["step"] for r in h.rows] == [1]
+    for key in ("loss", "grad_norm", "entropy", "completion_length"):
+        assert torch.isfinite(torch.tensor(h.last(key))), key
+
+
 # --- command line ---------------------------------------------------------------------------------------------------
 def test_cli_help(capsys):
     # the real entry point, in a fresh interpreter (imports torch and transformers: a few seconds)
