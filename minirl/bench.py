@@ -2,8 +2,10 @@
 
 Each step is the GRPO data path split into its parts: generation (``generate``), the no-grad log-prob forwards
 (behaviour policy and reference), the training forward with the loss, the backward pass, and the optimiser step.
-Figures are medians over ``repeats`` steps after one warm-up step; peak memory is the process's peak resident set
-on CPU and the peak allocated CUDA memory on a GPU.
+Figures are medians over ``repeats`` steps after one warm-up step. Memory: on a GPU, the peak allocated CUDA memory
+of each model's steps (``peak_memory_mb`` under each model); on CPU the operating system only gives the process's
+peak resident set, which covers both models and the Python runtime, so it is reported once (``peak_rss_mb``).
+The result is printed as JSON and not saved.
 """
 
 from __future__ import annotations
@@ -26,9 +28,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _peak_memory_mb(device: str) -> float:
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
+def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
@@ -121,6 +121,9 @@ def run_bench(profile: str | None = None, seed: int = 0, repeats: int = 5) -> di
             torch.cuda.reset_peak_memory_stats()
         result[kind] = bench_model(model, tokenizer, prompts, answers, prof.group_size, prof.max_new_tokens,
                                    repeats, prof.device)
-        result[kind]["peak_memory_mb"] = round(_peak_memory_mb(prof.device), 1)
+        if prof.device == "cuda":
+            result[kind]["peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         del model
+    if prof.device != "cuda":
+        result["peak_rss_mb"] = round(_peak_rss_mb(), 1)  # one figure for the whole process, both models
     return result

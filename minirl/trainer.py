@@ -12,7 +12,6 @@ import csv
 import dataclasses
 import hashlib
 import json
-import math
 import os
 import random
 import time
@@ -1101,6 +1100,6 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
 
 __all__ = ["PROFILES", "Profile", "resolve_profile", "set_seed", "evaluate", "sft", "sft_batch", "warm_start",
            "RLConfig", "ALGORITHMS", "make_config", "algorithms_table", "History", "train_rl", "adaptive_kl_beta",
-           "main_job", "math", "PREFERENCE_METHODS", "PrefConfig", "encode_completions",
+           "main_job", "PREFERENCE_METHODS", "PrefConfig", "encode_completions",
            "reference_logps", "kto_reference_pairs", "preference_pair_loss", "preference_kto_loss", "memory_held",
            "train_preference", "sample_preference_data"]

@@ -1,0 +1,32 @@
+"""Tests of minirl.bench: the parts of a step add up, and the report says what it measured."""
+
+from minirl import bench, models, tasks
+from minirl.tokenizer import build_tokenizer
+
+PARTS = ("generate", "logprob_forwards", "train_forward", "backward", "optimizer")
+
+
+def test_bench_model_parts_add_up_within_the_total():
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    data = tasks.load_split("train").select(range(3))
+    out = bench.bench_model(model, tok, list(data["prompt"]), list(data["answer"]), group_size=2, max_new_tokens=6,
+                            repeats=2, device="cpu")
+    sec = out["seconds"]
+    assert all(sec[k] > 0 for k in PARTS)
+    # medians of parts need not sum to the median total exactly; the total also holds decoding and scoring
+    assert sum(sec[k] for k in PARTS) <= 1.5 * sec["total"]
+    assert out["completions_per_step"] == 6
+    assert out["parameters"] == models.count_parameters(model)
+    # a random model rarely stops early, so about 6 tokens x 6 completions are generated per step
+    assert 0 < out["generated_tokens_per_s"] * sec["generate"] <= 36
+
+
+def test_run_bench_on_cpu_reports_one_process_memory_figure():
+    out = bench.run_bench("cpu", seed=0, repeats=1)
+    assert out["device"] == "cpu" and out["profile"] == "cpu"
+    assert out["peak_rss_mb"] > 0
+    for kind in ("dense", "moe"):
+        assert "peak_memory_mb" not in out[kind]  # a per-model figure would be the same process peak twice
+        assert set(PARTS) <= set(out[kind]["seconds"])
+    assert out["moe"]["parameters"] > out["dense"]["parameters"]
