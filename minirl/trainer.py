@@ -129,9 +129,11 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
             "truncated_rate": float(torch.cat(truncated).float().mean()), "n": n}
 
 
-def _eval_metrics(model, tokenizer, eval_data, cfg) -> dict:
-    """Held-out metrics logged by the training loops: sampled at cfg.temperature and greedy ({} without data)."""
-    if eval_data is None:
+def _eval_metrics(model, tokenizer, eval_data, cfg, step: int) -> dict:
+    """Held-out metrics the training loops log before training (step 0), every cfg.eval_every steps and at the end:
+    accuracy sampled at cfg.temperature and greedy. {} without eval data or when ``step`` is not on that schedule."""
+    due = step == 0 or step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
+    if eval_data is None or not due:
         return {}
     sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
                        samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed)
@@ -529,7 +531,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_mo
     beta = cfg.beta
     history = History()
 
-    metrics0 = _eval_metrics(model, tokenizer, eval_data, cfg)
+    metrics0 = _eval_metrics(model, tokenizer, eval_data, cfg, step=0)
     if metrics0:
         history.log(step=0, **metrics0)
     for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress,
@@ -610,8 +612,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, ref_mo
             row["explained_variance"] = _explained_variance(old_values, returns, mask)
         if cfg.adaptive_kl and ref_logprobs is not None:
             beta = adaptive_kl_beta(beta, row["kl_ref_seq"], cfg.target_kl, cfg.kl_horizon, B)
-        if eval_data is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            row.update(_eval_metrics(model, tokenizer, eval_data, cfg))
+        row.update(_eval_metrics(model, tokenizer, eval_data, cfg, step))
         history.log(**row)
         if callback is not None:
             callback(step, row)
@@ -986,7 +987,7 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     history = History()
 
-    metrics0 = _eval_metrics(model, tokenizer, eval_data, cfg)
+    metrics0 = _eval_metrics(model, tokenizer, eval_data, cfg, step=0)
     if metrics0:
         history.log(step=0, **metrics0)
     model.train()
@@ -1006,8 +1007,7 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
         row = dict(step=step, loss=loss.item(), **stats, grad_norm=float(grad_norm), time=time.time() - t0)  # 5.
         if step == cfg.steps:
             row.update(memory_held(model, opt, ref_model))
-        if eval_data is not None and (step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)):
-            row.update(_eval_metrics(model, tokenizer, eval_data, cfg))
+        row.update(_eval_metrics(model, tokenizer, eval_data, cfg, step))
         history.log(**row)
         if callback is not None:
             callback(step, row)
