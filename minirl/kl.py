@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 
 from ._checks import choice, same_shape
+from .rollout import completion_logits, generate
+from .tasks import score
 
 #: Log-ratios are clamped to this magnitude before exp() in k3, so |logprobs - ref_logprobs| up to 50 (and beyond)
 #: stays finite. exp(20) ~ 4.9e8 is far outside anything a sane run reaches; the clamp only guards against inf/NaN.
@@ -207,16 +209,6 @@ def exact_token_kl(logits: Tensor, ref_logits: Tensor, temperature: float = 1.0)
     return terms.sum(-1).clamp(min=0.0)  # (B, T); clamp only removes float round-off below 0
 
 
-def _completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int
-                       ) -> Tensor:
-    """(B, T, V) logits predicting each completion token (positions P-1 .. P+T-2), as ``rollout.token_logprobs``."""
-    from .rollout import position_ids_from_mask
-
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    return out.logits[:, n_prompt_tokens - 1:-1]
-
-
 @torch.no_grad()
 def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, temperature: float = 1.0
                 ) -> tuple[Tensor, Tensor]:
@@ -245,8 +237,8 @@ def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, tem
     Source: chain rule of the KL divergence (Cover & Thomas, Elements of Information Theory, thm. 2.5.3).
     """
     P, mask = rollout.n_prompt_tokens, rollout.completion_mask  # mask (B, T)
-    logits = _completion_logits(model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
-    ref_logits = _completion_logits(ref_model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
+    logits = completion_logits(model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
+    ref_logits = completion_logits(ref_model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
     kl_t = exact_token_kl(logits, ref_logits, temperature)  # (B, T)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
     entropy_t = -(logp.exp() * logp).sum(-1)  # (B, T)
@@ -281,8 +273,6 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
     Raises:
         ValueError: on an empty prompt list, samples_per_prompt < 1 or temperature <= 0 (from ``rollout.generate``).
     """
-    from .rollout import generate
-
     prompts = list(prompts)
     was_training = model.training
     model.eval()
@@ -296,8 +286,6 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
            "kl_per_token": float(kl.sum() / n_tok), "entropy": float(entropy.sum() / n_tok),
            "length": float(batch.lengths.float().mean()), "n": len(kl)}
     if answers is not None:
-        from .tasks import score
-
         answers = list(answers)
         if len(answers) != len(prompts):
             raise ValueError(f"answers must have one entry per prompt ({len(prompts)}), got {len(answers)}")

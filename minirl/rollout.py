@@ -89,6 +89,36 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int
+                      ) -> Tensor:
+    """(B, T, V) raw logits that predict the completion tokens: one full-sequence forward, positions P-1 .. P+T-2.
+
+    The logits at position t predict token t+1; position ids skip the left padding exactly as ``generate`` numbers
+    them, so a rollout's distributions are reproduced to float precision. ``token_logprobs`` and
+    ``kl.sequence_kl`` both read this forward.
+
+    Args:
+        model: a causal LM returning ``.logits`` of shape (B, L, V).
+        input_ids: (B, L) prompt + completion, L = P + T.
+        attention_mask: (B, L).
+        n_prompt_tokens: P, the padded prompt length; the completion is ``input_ids[:, P:]``.
+
+    Returns:
+        (B, T, V) logits in the model's dtype (not temperature-scaled).
+
+    Raises:
+        ValueError: on shape mismatch or P outside [1, L).
+    """
+    ndim("input_ids", input_ids, 2, "(B, L)")
+    same_shape(input_ids=input_ids, attention_mask=attention_mask)
+    L = input_ids.shape[1]
+    if not 1 <= n_prompt_tokens < L:
+        raise ValueError(f"n_prompt_tokens must be in [1, {L}) for input_ids of length {L}, got {n_prompt_tokens}")
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.logits[:, n_prompt_tokens - 1:-1]
+
+
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int,
                    temperature: float = 1.0, return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
@@ -112,16 +142,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     Raises:
         ValueError: on shape mismatch, P outside [1, L), or temperature <= 0.
     """
-    ndim("input_ids", input_ids, 2, "(B, L)")
-    same_shape(input_ids=input_ids, attention_mask=attention_mask)
-    L = input_ids.shape[1]
-    if not 1 <= n_prompt_tokens < L:
-        raise ValueError(f"n_prompt_tokens must be in [1, {L}) for input_ids of length {L}, got {n_prompt_tokens}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    logits = out.logits[:, n_prompt_tokens - 1:-1].float() / temperature  # (B, T, V)
+    logits = completion_logits(model, input_ids, attention_mask, n_prompt_tokens).float() / temperature  # (B, T, V)
     logp_all = F.log_softmax(logits, dim=-1)  # (B, T, V)
     targets = input_ids[:, n_prompt_tokens:]  # (B, T)
     logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
