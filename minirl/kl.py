@@ -276,7 +276,7 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
     prompts = list(prompts)
     was_training = model.training
     model.eval()
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
         torch.manual_seed(seed)
         batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature)
     kl, entropy = sequence_kl(model, ref_model, batch, temperature)  # (B,), (B,)

@@ -108,22 +108,21 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
     Returns:
         dict with accuracy, format_rate, mean_length (tokens, EOS included), truncated_rate and n.
     """
-    state = torch.get_rng_state()
-    if seed is not None:
-        torch.manual_seed(seed)
     k = 1 if greedy else samples_per_prompt
     correct = formatted = 0
     lengths, truncated = [], []
     prompts, answers = list(dataset["prompt"]), list(dataset["answer"])
-    for i in range(0, len(prompts), batch_size):
-        r = rollout.generate(model, tokenizer, prompts[i:i + batch_size], k, max_new_tokens, temperature, greedy)
-        for j, text in enumerate(r.completions):
-            s = tasks.score(text, answers[i + j // k])
-            correct += s.correct
-            formatted += s.formatted
-        lengths.append(r.lengths)
-        truncated.append(r.truncated)
-    torch.set_rng_state(state)
+    with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
+        if seed is not None:
+            torch.manual_seed(seed)
+        for i in range(0, len(prompts), batch_size):
+            r = rollout.generate(model, tokenizer, prompts[i:i + batch_size], k, max_new_tokens, temperature, greedy)
+            for j, text in enumerate(r.completions):
+                s = tasks.score(text, answers[i + j // k])
+                correct += s.correct
+                formatted += s.formatted
+            lengths.append(r.lengths)
+            truncated.append(r.truncated)
     n = len(prompts) * k
     return {"accuracy": correct / n, "format_rate": formatted / n, "mean_length": float(torch.cat(lengths).mean()),
             "truncated_rate": float(torch.cat(truncated).float().mean()), "n": n}
@@ -1032,21 +1031,20 @@ def sample_preference_data(model, tokenizer, prompts_data, n_prompts: int, group
 
     Returns:
         (pairs Dataset, kto examples Dataset, info dict with samples, sample_accuracy, mixed_groups (share of
-        groups with both a correct and a wrong completion) and truncated_rate).
+        groups with both a correct and a wrong completion), truncated_rate and pairs).
     """
-    state = torch.get_rng_state()
     gen = torch.Generator().manual_seed(seed)
     rows = prompts_data.select(torch.randperm(len(prompts_data), generator=gen)[:n_prompts].tolist())
     prompts, answers = list(rows["prompt"]), list(rows["answer"])
-    torch.manual_seed(seed)
     completions, rewards, truncated = [], [], []
-    for i in range(0, len(prompts), prompts_per_batch):
-        r = rollout.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
-                             temperature)
-        completions += r.completions
-        truncated += r.truncated.tolist()
-        rewards += [tasks.score(c, answers[i + j // group_size]).reward for j, c in enumerate(r.completions)]
-    torch.set_rng_state(state)
+    with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
+        torch.manual_seed(seed)
+        for i in range(0, len(prompts), prompts_per_batch):
+            r = rollout.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
+                                 temperature)
+            completions += r.completions
+            truncated += r.truncated.tolist()
+            rewards += [tasks.score(c, answers[i + j // group_size]).reward for j, c in enumerate(r.completions)]
     pairs = pref.build_preference_pairs(prompts, completions, rewards, group_size)
     examples = pref.build_kto_examples(prompts, completions, rewards, group_size)
     per_group = torch.tensor(rewards).view(-1, group_size)
