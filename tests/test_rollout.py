@@ -89,6 +89,23 @@ def test_entropy_at_temperature_half_by_hand():
     assert lp.dtype == torch.float32
 
 
+def test_completion_logits_are_the_positions_that_predict_the_completion():
+    class PositionLogits(torch.nn.Module):
+        """Logits at position t are [t, 0]: the slice shows which positions were kept."""
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None):
+            B, L = input_ids.shape
+            t = torch.arange(L, dtype=torch.float32).expand(B, L)
+            return SimpleNamespace(logits=torch.stack([t, torch.zeros_like(t)], -1))
+
+    ids = torch.tensor([[2, 1, 0, 1, 1]])  # P = 2: the completion ids[:, 2:] is predicted by positions 1, 2, 3
+    logits = rollout.completion_logits(PositionLogits(), ids, torch.ones_like(ids), 2)
+    assert logits.shape == (1, 3, 2)
+    assert logits[0, :, 0].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="n_prompt_tokens"):
+        rollout.completion_logits(PositionLogits(), ids, torch.ones_like(ids), 5)
+
+
 def test_token_logprobs_bad_input():
     model = FixedLogits([2.0, 1.0, 0.0])
     ids = torch.tensor([[2, 1, 0]])
