@@ -1,25 +1,35 @@
 """minirl: a small, readable reference implementation of RL for language models.
 
-Modules mirror the notebooks: tasks, tokenizer, models, rollout, kl, advantages, losses, rewards, sampling, moe,
-preference, trainer, plots. The names below are the public API (see README.md and DESIGN.md).
+The math (copyable, torch only): advantages, losses, kl, rewards, sampling, preference (+ kl_toy, preference_toy).
+The model side: tasks, tokenizer, models, rollout, moe. The loops, one stage per file: config, warm_start, rl,
+preference_loop, preference_data, evaluation, history, plots, bench. The names below are the public API
+(README.md and DESIGN.md describe it); the warm start is
+``minirl.warm_start.warm_start`` (not re-exported: the module keeps its name).
 """
 
-from .advantages import gae, group_advantages, group_advantages_to_go, whiten
+from .advantages import explained_variance, gae, group_advantages, group_advantages_to_go, whiten
+from .config import ALGORITHMS, PROFILES, RLConfig, make_config, resolve_profile, set_seed
+from .evaluation import evaluate, fresh_sample_kl, memory_held
+from .history import History
 from .kl import k1, k2, k3, kl_in_loss, kl_in_reward
-from .losses import aggregate, policy_loss, value_loss
+from .losses import aggregate, gspo_loss, gspo_token_loss, policy_loss, token_clip_loss, value_loss
 from .moe import record_routing, replay_routing, routing_change_fraction
 from .preference import dpo_loss, ipo_loss, kto_loss, simpo_loss
-from .rewards import overlong_penalty
+from .preference_loop import PrefConfig, train_preference
+from .rewards import overlong_penalty, score_completions
+from .rl import RLBatch, train_rl, update_minibatch
 from .rollout import completion_mask, generate, sequence_logprobs, token_logprobs
 from .sampling import dynamic_sampling, has_signal
-from .trainer import ALGORITHMS, History, RLConfig, evaluate, make_config, resolve_profile, train_rl, warm_start
+from .tasks import running_sums_reward
 
 __all__ = [
-    "gae", "group_advantages", "group_advantages_to_go", "whiten", "k1", "k2", "k3", "kl_in_loss", "kl_in_reward",
-    "aggregate", "policy_loss", "value_loss", "record_routing", "replay_routing", "routing_change_fraction",
-    "dpo_loss", "ipo_loss", "kto_loss", "simpo_loss", "overlong_penalty", "completion_mask", "generate",
-    "sequence_logprobs", "token_logprobs", "dynamic_sampling", "has_signal", "ALGORITHMS", "History", "RLConfig",
-    "evaluate", "make_config", "resolve_profile", "train_rl", "warm_start",
+    "explained_variance", "gae", "group_advantages", "group_advantages_to_go", "whiten", "ALGORITHMS", "PROFILES",
+    "RLConfig", "make_config", "resolve_profile", "set_seed", "evaluate", "fresh_sample_kl", "memory_held",
+    "History", "k1", "k2", "k3", "kl_in_loss", "kl_in_reward", "aggregate", "gspo_loss", "gspo_token_loss",
+    "policy_loss", "token_clip_loss", "value_loss", "record_routing", "replay_routing", "routing_change_fraction",
+    "dpo_loss", "ipo_loss", "kto_loss", "simpo_loss", "PrefConfig", "train_preference", "overlong_penalty",
+    "score_completions", "RLBatch", "train_rl", "update_minibatch", "completion_mask", "generate",
+    "sequence_logprobs", "token_logprobs", "dynamic_sampling", "has_signal", "running_sums_reward",
 ]
 
 __version__ = "0.1.0"

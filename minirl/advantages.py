@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape
 
 SCALES = ("group", "batch", "none")
 
@@ -139,6 +139,40 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
         out = out + mean
     return out * mask
 
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """How much of the returns' variance the critic explains: 1 - Var(returns - values) / Var(returns).
+
+    1 is a perfect critic, 0 one no better than a constant, below 0 worse than a constant. Computed over the
+    valid tokens of the batch. When the returns do not vary (e.g. every completion of the batch got the same
+    reward and no KL) the ratio is 0 / 0: the result is NaN, honestly undefined, and ``History.series`` and the
+    plots leave such steps out.
+
+    Example: returns [1, 0, 1, 0], values [0.5] * 4: Var(r - v) = Var(r) = 1/3, so 1 - 1 = 0.0;
+    values = returns: 1.0.
+
+    Args:
+        values: (B, T) the critic's predictions at rollout time.
+        returns: (B, T) GAE returns.
+        mask: (B, T) 1 on valid tokens.
+
+    Returns:
+        A float in (-inf, 1], or NaN when fewer than 2 valid tokens or the returns have zero variance.
+
+    Raises:
+        ValueError: on shape mismatch.
+
+    Source: the PPO diagnostic of OpenAI baselines / cleanrl (Huang et al. 2022, "The 37 implementation details
+    of PPO").
+    """
+    same_shape(values=values, returns=returns, mask=mask)
+    m = mask > 0
+    r, v = returns[m].double(), values[m].double()
+    if r.numel() < 2:
+        return float("nan")
+    var = r.var()
+    return float(1 - (r - v).var() / var) if var > 0 else float("nan")
 
 
 def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor, group_size: int,

@@ -19,8 +19,8 @@ import time
 import torch
 
 from . import advantages, losses, models, rollout, tasks
+from .config import resolve_profile, set_seed
 from .tokenizer import build_tokenizer
-from .trainer import resolve_profile, set_seed
 
 
 def _sync(device: str) -> None:

@@ -13,7 +13,8 @@ All three estimate KL(policy || ref) from tokens sampled from the policy. Their 
 (On-policy expectations; ``minirl.kl_toy`` computes every cell exactly by enumeration.)
 
 To *measure* a language model's KL to its reference (rather than estimate it for a gradient), use
-``exact_token_kl`` / ``sequence_kl`` / ``fresh_sample_kl``: the full-vocabulary KL at every position of fresh samples.
+``exact_token_kl`` here, and ``evaluation.sequence_kl`` / ``evaluation.fresh_sample_kl``: the full-vocabulary KL
+at every position of fresh samples.
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import choice, same_shape
-from .rollout import completion_logits, generate
-from .tasks import score
+from .checks import choice, same_shape
 
 #: Log-ratios are clamped to this magnitude before exp() in k3, so |logprobs - ref_logprobs| up to 50 (and beyond)
 #: stays finite. exp(20) ~ 4.9e8 is far outside anything a sane run reaches; the clamp only guards against inf/NaN.
@@ -207,88 +206,3 @@ def exact_token_kl(logits: Tensor, ref_logits: Tensor, temperature: float = 1.0)
     # xlogy-style guard: where pi(v) underflows to 0 the term is 0, even if ref(v) is 0 too
     terms = torch.where(logp > -torch.inf, logp.exp() * (logp - ref_logp), torch.zeros_like(logp))
     return terms.sum(-1).clamp(min=0.0)  # (B, T); clamp only removes float round-off below 0
-
-
-@torch.no_grad()
-def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, temperature: float = 1.0
-                ) -> tuple[Tensor, Tensor]:
-    """The TRUE KL(pi || ref) of each sampled completion: exact per-position KL summed over its valid tokens.
-
-    For completions y sampled from pi, KL_seq(x) = E_y[sum_t KL(pi(. | x, y_<t) || ref(. | x, y_<t))] by the chain
-    rule, so the per-row sum returned here is an unbiased estimate of the sequence KL of its prompt, with the same
-    mean as the sum of ``k1`` over the row but a much smaller variance (no token is sampled at the position
-    itself). Average it over rows (and prompts) for the policy's KL to the reference. This is a *measurement*,
-    computed without gradient; it is not what any placement differentiates.
-
-    Args:
-        model: the policy pi (a causal LM).
-        ref_model: the reference (same tokenizer).
-        rollout: a ``rollout.Rollout`` sampled from ``model`` at ``temperature`` (fresh samples, not the training
-            batch, to measure the policy as it is now).
-        temperature: the sampling temperature (> 0); both models' distributions are taken at it.
-
-    Returns:
-        (kl, entropy): kl (B,) nats per completion; entropy (B,) the policy's exact next-token entropy summed over
-        the same positions (nats per completion). Divide by ``rollout.lengths`` for per-token figures.
-
-    Raises:
-        ValueError: if temperature <= 0 (via ``exact_token_kl``).
-
-    Source: chain rule of the KL divergence (Cover & Thomas, Elements of Information Theory, thm. 2.5.3).
-    """
-    P, mask = rollout.n_prompt_tokens, rollout.completion_mask  # mask (B, T)
-    logits = completion_logits(model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
-    ref_logits = completion_logits(ref_model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
-    kl_t = exact_token_kl(logits, ref_logits, temperature)  # (B, T)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    entropy_t = -(logp.exp() * logp).sum(-1)  # (B, T)
-    return (kl_t * mask).sum(-1), (entropy_t * mask).sum(-1)
-
-
-def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, samples_per_prompt: int,
-                    max_new_tokens: int, temperature: float = 1.0, seed: int = 0, answers=None) -> dict:
-    """Sample fresh completions from ``model`` and measure its true KL to ``ref_model`` on them (``sequence_kl``).
-
-    The global torch RNG is saved and restored around the sampling, so measuring during training (e.g. from a
-    ``train_rl`` callback) does not change the course of training; with the same seed the same prompts are
-    answered with the same random numbers at every measurement.
-
-    Args:
-        model: the policy.
-        ref_model: the reference.
-        tokenizer: their tokenizer.
-        prompts: N prompt strings (e.g. held-out prompts).
-        samples_per_prompt: completions per prompt (>= 1).
-        max_new_tokens: completion budget.
-        temperature: sampling temperature (> 0).
-        seed: seed of the sampling.
-        answers: optional N answers (``tasks`` records); when given, the same fresh completions are also scored
-            and the dict holds their accuracy.
-
-    Returns:
-        dict with kl (mean nats per completion), kl_stderr (its standard error over completions), kl_per_token
-        (total KL / total valid tokens), entropy (the policy's mean next-token entropy, nats per token),
-        length (mean tokens per completion, EOS included), n (completions) and, with answers, accuracy.
-
-    Raises:
-        ValueError: on an empty prompt list, samples_per_prompt < 1 or temperature <= 0 (from ``rollout.generate``).
-    """
-    prompts = list(prompts)
-    was_training = model.training
-    model.eval()
-    with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
-        torch.manual_seed(seed)
-        batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature)
-    kl, entropy = sequence_kl(model, ref_model, batch, temperature)  # (B,), (B,)
-    model.train(was_training)
-    n_tok = batch.lengths.sum().clamp(min=1)
-    out = {"kl": float(kl.mean()), "kl_stderr": float(kl.std() / len(kl) ** 0.5) if len(kl) > 1 else float("nan"),
-           "kl_per_token": float(kl.sum() / n_tok), "entropy": float(entropy.sum() / n_tok),
-           "length": float(batch.lengths.float().mean()), "n": len(kl)}
-    if answers is not None:
-        answers = list(answers)
-        if len(answers) != len(prompts):
-            raise ValueError(f"answers must have one entry per prompt ({len(prompts)}), got {len(answers)}")
-        hits = [score(c, answers[i // samples_per_prompt]).correct for i, c in enumerate(batch.completions)]
-        out["accuracy"] = sum(hits) / len(hits)
-    return out

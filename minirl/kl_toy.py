@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape
 from .kl import ESTIMATORS, PLACEMENTS, kl_estimate
 
 

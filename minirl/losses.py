@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
@@ -93,26 +93,11 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
                 eps_high: float | None = None, level: str = "token", agg: str = "token-mean",
                 dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None
                 ) -> tuple[Tensor, dict]:
-    """The clipped policy-gradient loss of PPO / GRPO / DAPO (token ratios) and GSPO (sequence ratios).
-
-    - level="token" (PPO eq. 7, GRPO eq. 3, DAPO eq. 8): r_t = pi(y_t) / pi_old(y_t); the loss per token is
-      max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high)), then ``aggregate``d with ``agg``.
-    - level="sequence" (GSPO, Zheng et al. 2025, eq. 5-7): one ratio per sequence, the geometric mean
-      s_i = exp(mean_t log(pi/pi_old)), one clipped term per sequence, averaged over sequences. ``agg`` must be
-      "seq-mean-token-mean" (the only reading of GSPO's objective; a sequence term is never spread over tokens).
-    - level="sequence-token" (GSPO-token, eq. 13-14): s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], which has the value
-      of s_i and the gradient of s_i when advantages are constant per sequence, but admits per-token advantages.
+    """The clipped policy-gradient loss at one of three ratio levels: checks the inputs, then calls
+    ``token_clip_loss`` (PPO, GRPO, DAPO), ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token).
 
     Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp (at the sequence levels, the mean log-ratio of
     each sequence); outside the clamp the gradient is 0 at every level. ``old_logprobs`` is detached.
-
-    Example (GSPO, eps 3e-4 / 4e-4): token log-ratios [3e-4, -1e-4, 1e-4] and [6e-4], advantages [+1, -1]:
-    s = [e^1e-4, e^6e-4] = [1.00010001, 1.00060018]; seq 0 is inside [0.9997, 1.0004], seq 1 is above it but
-    A < 0 keeps the unclipped branch, so the loss is (-1.00010001 + 1.00060018) / 2 = 0.00025009.
-
-    Example (token level): on-policy, logprobs = old_logprobs = -1.0, A = +1: ratio 1, loss -1,
-    d loss / d logprobs = -1. After an update to -0.8: ratio e^0.2 = 1.2214 > 1.2, so with eps 0.2/0.2 the loss
-    is -1.2 with gradient 0 (clipped); with eps_high 0.28 it is -1.221403 with gradient -1.221403.
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
@@ -122,7 +107,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         eps_low: lower clip range (ratio >= 1 - eps_low), in [0, 1).
         eps_high: upper clip range (ratio <= 1 + eps_high); defaults to eps_low. DAPO's clip-higher uses 0.28.
         level: "token", "sequence" or "sequence-token".
-        agg: aggregation mode (see ``aggregate``).
+        agg: aggregation mode (see ``aggregate``); must be "seq-mean-token-mean" at level="sequence".
         dual_clip: optional c > 1 of dual-clip PPO.
         max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence").
 
@@ -136,6 +121,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     Raises:
         ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps or
             level / agg are invalid.
+
+    Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
+    GSPO, Zheng et al. 2025, eq. 5-7 and 13-14.
     """
     same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     ndim("logprobs", logprobs, 2, "(B, T)")
@@ -149,42 +137,134 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     elif advantages.shape != (B, T) or level == "sequence":
         raise ValueError(f"advantages must have shape ({B},) or ({B}, {T}) (only (B,) at level='sequence'), "
                          f"got {tuple(advantages.shape)}")
+    if level == "sequence" and agg != "seq-mean-token-mean":
+        raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', got {agg!r}")
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
-    log_ratio = (logprobs - old_logprobs.detach()) * mask  # (B, T)
-
+    old_logprobs = old_logprobs.detach()
     if level == "token":
-        ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
-        per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)
-        loss = aggregate(per_token, mask, agg, max_tokens, denominator)
-        stats = _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+        loss, stats = token_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
+                                      max_tokens, denominator)
+    elif level == "sequence":
+        loss, stats = gspo_loss(logprobs, old_logprobs, advantages[:, 0], mask, eps_low, eps_high, dual_clip,
+                                denominator)
     else:
-        n_tokens = mask.sum(-1).clamp(min=1)  # (B,)
-        mean_log_ratio = log_ratio.sum(-1) / n_tokens  # (B,)
-        seq_ratio = mean_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # (B,) geometric mean of ratios
-        if level == "sequence":
-            if agg != "seq-mean-token-mean":
-                raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', "
-                                 f"got {agg!r}")
-            per_seq = _clipped_surrogate(seq_ratio, advantages[:, 0], eps_low, eps_high, dual_clip)  # (B,)
-            valid = (mask.sum(-1) > 0).to(per_seq.dtype)
-            count = denominator if denominator is not None else valid.sum()
-            loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
-            # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
-            stats = _ratio_stats(seq_ratio.detach().unsqueeze(1).expand(B, T), advantages, mask, eps_low, eps_high)
-        else:  # sequence-token: value of s_i, gradient flows through each token's own log-prob
-            # where the clamp is active GSPO's gradient is 0 (d clamp = 0); zero it here too, so the two agree
-            inside = (mean_log_ratio.abs() <= LOG_RATIO_CLAMP).to(logprobs.dtype).detach().unsqueeze(1)  # (B, 1)
-            ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * inside)  # (B, T)
-            per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)
-            loss = aggregate(per_token, mask, agg, max_tokens, denominator)
-            stats = _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+        loss, stats = gspo_token_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
+                                      max_tokens, denominator)
     # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
     # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead)
-    lr = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    n = mask.sum().clamp(min=1)
-    stats["approx_kl"] = float(((lr.exp() - 1 - lr) * mask).sum() / n)
+    lr = ((logprobs - old_logprobs) * mask).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    stats["approx_kl"] = float(((lr.exp() - 1 - lr) * mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
+
+
+def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+                    eps_high: float, agg: str, dual_clip: float | None = None, max_tokens: int | None = None,
+                    denominator: float | None = None) -> tuple[Tensor, dict]:
+    """Token-level clipped surrogate: one importance ratio per token, then ``aggregate``.
+
+    r_t = pi(y_t) / pi_old(y_t); the loss per token is max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high)).
+
+    Example: on-policy, logprobs = old_logprobs = -1.0, A = +1: ratio 1, loss -1, d loss / d logprobs = -1.
+    After an update to -0.8: ratio e^0.2 = 1.2214 > 1.2, so with eps 0.2/0.2 the loss is -1.2 with gradient 0
+    (clipped); with eps_high 0.28 it is -1.221403 with gradient -1.221403.
+
+    Args:
+        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
+        advantages: (B, T) (a sequence's advantage repeated over its tokens for outcome rewards).
+        eps_low, eps_high, dual_clip: the clip ranges, as in ``policy_loss``.
+        agg, max_tokens, denominator: see ``aggregate``.
+
+    Returns:
+        (loss, stats) as in ``policy_loss`` (without approx_kl).
+
+    Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO (clip-higher), Yu et al. 2025,
+    eq. 8-10.
+    """
+    log_ratio = (logprobs - old_logprobs) * mask  # (B, T)
+    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
+    per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
+    loss = aggregate(per_token, mask, agg, max_tokens, denominator)
+    return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+
+
+def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's sequence importance ratio s_i = exp(mean over valid tokens of log(pi / pi_old)), a geometric mean.
+
+    Example: log-ratios [3e-4, -1e-4, 1e-4] -> s = e^(3e-4 / 3) = e^1e-4 = 1.00010001. A row with no valid token
+    gets s = 1. (B, T) -> (B,).
+
+    Source: GSPO, Zheng et al. 2025, eq. 7.
+    """
+    return _mean_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # (B,)
+
+
+def _mean_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """(B,) mean over each row's valid tokens of log(pi / pi_old); 0 for a row with no valid token."""
+    return ((logprobs - old_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+              eps_high: float, dual_clip: float | None = None, denominator: float | None = None
+              ) -> tuple[Tensor, dict]:
+    """GSPO: one clipped term per sequence with the sequence ratio s_i, averaged over sequences.
+
+    L = mean_i max(-A_i s_i, -A_i clip(s_i, 1 - eps_low, 1 + eps_high)). A sequence term is never spread over
+    its tokens (that would weigh long sequences more); rows with no valid token are left out.
+
+    Example (eps 3e-4 / 4e-4): token log-ratios [3e-4, -1e-4, 1e-4] and [6e-4], advantages [+1, -1]:
+    s = [e^1e-4, e^6e-4] = [1.00010001, 1.00060018]; seq 0 is inside [0.9997, 1.0004], seq 1 is above it but
+    A < 0 keeps the unclipped branch, so the loss is (-1.00010001 + 1.00060018) / 2 = 0.00025009.
+
+    Args:
+        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
+        advantages: (B,) one per sequence.
+        eps_low, eps_high, dual_clip: clip ranges (GSPO uses 3e-4 / 4e-4).
+        denominator: number of sequences to divide by (the whole minibatch's, under gradient accumulation).
+
+    Returns:
+        (loss, stats) as in ``policy_loss`` (without approx_kl); stats count every token of a clipped sequence.
+
+    Source: GSPO, Zheng et al. 2025, eq. 5-7.
+    """
+    B, T = logprobs.shape
+    seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
+    per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low, eps_high, dual_clip)  # (B,)
+    valid = (mask.sum(-1) > 0).to(per_seq.dtype)  # (B,)
+    count = denominator if denominator is not None else valid.sum()
+    loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
+    # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
+    per_token_ratio = seq_ratio.detach().unsqueeze(1).expand(B, T)
+    return loss, _ratio_stats(per_token_ratio, advantages.unsqueeze(1).expand(B, T), mask, eps_low, eps_high)
+
+
+def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+                    eps_high: float, agg: str = "seq-mean-token-mean", dual_clip: float | None = None,
+                    max_tokens: int | None = None, denominator: float | None = None) -> tuple[Tensor, dict]:
+    """GSPO-token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], clipped per token, then ``aggregate``.
+
+    s_it has the value of the sequence ratio s_i, but its gradient flows through each token's own log-prob, so
+    per-token advantages are allowed; with advantages constant per sequence it has GSPO's value and gradient.
+
+    Args:
+        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
+        advantages: (B, T).
+        eps_low, eps_high, dual_clip: clip ranges.
+        agg, max_tokens, denominator: see ``aggregate``.
+
+    Returns:
+        (loss, stats) as in ``policy_loss`` (without approx_kl).
+
+    Source: GSPO, Zheng et al. 2025, eq. 13-14.
+    """
+    seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
+    # where the clamp is active GSPO's gradient is 0 (d clamp = 0); zero it here too, so the two agree
+    inside = _mean_log_ratio(logprobs, old_logprobs, mask).detach().abs() <= LOG_RATIO_CLAMP  # (B,)
+    inside = inside.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
+    ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * inside)  # (B, T)
+    per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
+    loss = aggregate(per_token, mask, agg, max_tokens, denominator)
+    return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
 
 
 def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> dict:

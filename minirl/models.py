@@ -1,7 +1,7 @@
 """Tiny dense and Mixture-of-Experts causal LMs built from transformers configs, and a loader for any HF causal LM.
 
 Nothing is downloaded: the tiny models are randomly initialised from a Qwen3 / Qwen3-MoE config and warm-started
-here (``trainer.warm_start``). ``load`` is the ordinary ``from_pretrained`` path, so a local directory written by
+here (``warm_start.warm_start``). ``load`` is the ordinary ``from_pretrained`` path, so a local directory written by
 ``save_pretrained`` works offline, and a hub name works for a user with internet.
 """
 

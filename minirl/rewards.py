@@ -1,11 +1,63 @@
-"""Reward shaping: DAPO's soft overlong punishment, and composing the per-token reward of a completion."""
+"""Rewards: calling reward functions in TRL's form, DAPO's soft overlong punishment, and the per-token reward.
+
+A reward function is ``reward_fn(prompts, completions, **columns) -> list[float]``: one prompt and one completion
+per sampled completion (B of each) and, by name, the dataset's other columns repeated per completion. This is TRL's
+``reward_funcs`` convention, so a reward function written for TRL works here unchanged, and back.
+"""
 
 from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from ._checks import ndim, same_shape
+from .checks import ndim, same_shape
+
+
+def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequence[str], completions: Sequence[str],
+                      columns: dict[str, list] | None = None, weights: Sequence[float] | None = None) -> Tensor:
+    """The weighted sum of one or several reward functions over B completions.
+
+    r_i = sum_k w_k * f_k(prompts, completions, **columns)[i], as TRL combines its ``reward_funcs``.
+
+    Example: f1 -> [1, 0], f2 -> [0.5, 0.5], weights [1, 2]: [1 + 2 * 0.5, 0 + 2 * 0.5] = [2.0, 1.0].
+
+    Args:
+        reward_fn: a function ``(prompts, completions, **columns) -> list[float]``, or a list of them.
+        prompts: B prompt strings (one per completion, repeated within a group).
+        completions: B completion texts.
+        columns: the dataset's other columns, each a list of B values, passed to every function by name.
+        weights: one weight per function (default 1 each).
+
+    Returns:
+        (B,) float32 rewards.
+
+    Raises:
+        ValueError: naming the function, if it returns a value that is None or not a number, or not exactly B
+            values; if the weights do not match the functions.
+
+    Source: TRL's GRPOTrainer ``reward_funcs`` / ``reward_weights`` convention.
+    """
+    fns = [reward_fn] if callable(reward_fn) else list(reward_fn)
+    weights = [1.0] * len(fns) if weights is None else list(weights)
+    if not fns or len(weights) != len(fns):
+        raise ValueError(f"need at least one reward function and one weight per function, got {len(fns)} "
+                         f"function(s) and {len(weights)} weight(s)")
+    total = torch.zeros(len(completions))
+    for fn, w in zip(fns, weights, strict=True):
+        name = getattr(fn, "__name__", repr(fn))
+        values = list(fn(prompts=list(prompts), completions=list(completions), **(columns or {})))
+        if len(values) != len(completions):
+            raise ValueError(f"reward function {name} returned {len(values)} values for {len(completions)} "
+                             f"completions")
+        bad = [i for i, v in enumerate(values) if not isinstance(v, numbers.Real)]  # None, str, ...
+        if bad:
+            raise ValueError(f"reward function {name} returned {values[bad[0]]!r} at completion {bad[0]}; every "
+                             f"reward must be a number (None is not allowed)")
+        total += w * torch.tensor(values, dtype=torch.float32)
+    return total
 
 
 def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:

@@ -9,13 +9,13 @@ temperature 0.7 and compute the log-probs at 1.0: every ratio is then off before
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape
 
 
 @dataclass
@@ -33,6 +33,9 @@ class Rollout:
         logprobs: (B, T) behaviour log-probs of the sampled tokens at the sampling temperature, 0 where masked.
         group_size: G.
         routes: the recorded MoE routing of the behaviour forward (``moe.Routes``), when asked for.
+        prompts: the prompt text of each row, B strings (each prompt repeated G times).
+        columns: the dataset's other columns, each a list of B values (row i gets the value of its prompt), for
+            the reward functions (``rewards.score_completions``); filled by whoever sampled from a dataset.
     """
 
     input_ids: Tensor
@@ -45,6 +48,8 @@ class Rollout:
     logprobs: Tensor
     group_size: int
     routes: object = None
+    prompts: list[str] = field(default_factory=list)
+    columns: dict[str, list] = field(default_factory=dict)
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -241,7 +246,7 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         input_ids=out, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,
         truncated=truncated, prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True), logprobs=logprobs,
-        group_size=group_size, routes=routes,
+        group_size=group_size, routes=routes, prompts=[p for p in prompts for _ in range(group_size)],
     )
 
 
@@ -256,6 +261,8 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         truncated=rollout.truncated[rows], prompt_index=rollout.prompt_index[rows],
         completions=[rollout.completions[i] for i in rows.tolist()], logprobs=rollout.logprobs[rows],
         group_size=G, routes=None if rollout.routes is None else rollout.routes.select(rows),
+        prompts=[rollout.prompts[i] for i in rows.tolist()] if rollout.prompts else [],
+        columns={k: [v[i] for i in rows.tolist()] for k, v in rollout.columns.items()},
     )
 
 
@@ -293,4 +300,29 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         offsets += int(r.prompt_index.max() - r.prompt_index.min()) + 1
     return Rollout(**{k: torch.cat(v) for k, v in parts.items()}, truncated=torch.cat([r.truncated for r in rollouts]),
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
-                   group_size=rollouts[0].group_size, routes=routes)
+                   group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
+                   columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns})
+
+
+def dataset_columns(rows, prompt_index: Tensor) -> dict[str, list]:
+    """The columns of a dataset slice other than ``prompt`` and ``completion``, one value per sampled completion.
+
+    Row i of a rollout answers prompt ``prompt_index[i]`` of ``rows``, so it gets that row's values: these are the
+    keyword arguments a reward function receives (TRL passes the same columns, and likewise leaves out the prompt
+    and the dataset's reference completion).
+
+    Args:
+        rows: a ``datasets.Dataset`` (or dict of lists) of the N prompts that were sampled.
+        prompt_index: (B,) long, the prompt of each completion.
+
+    Returns:
+        dict column name -> list of B values.
+    """
+    names = rows.column_names if hasattr(rows, "column_names") else list(rows)
+    index = prompt_index.tolist()
+    columns = {}
+    for name in names:
+        if name not in ("prompt", "completion"):
+            values = list(rows[name])
+            columns[name] = [values[i] for i in index]
+    return columns

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ._checks import ndim
+from .checks import ndim
 
 
 def has_signal(rewards: Tensor, group_size: int) -> Tensor:

@@ -99,3 +99,24 @@ def score(completion: str, answer: str) -> Score:
     formatted = parsed is not None
     correct = formatted and int(parsed) == int(answer)
     return Score(reward=1.0 if correct else 0.0, formatted=formatted, correct=correct)
+
+
+def running_sums_reward(prompts: list[str], completions: list[str], answer: list[str], **columns) -> list[float]:
+    """The task's reward in TRL's reward-function form: 1.0 for a well-formed, correct completion, else 0.0.
+
+    A reward function receives the prompts and completions (one entry per completion, B of each) and, by name,
+    the dataset's other columns repeated per completion (here ``answer``); extra columns are ignored. The same
+    function works as a ``reward_funcs`` entry of TRL's GRPOTrainer.
+
+    Example: running_sums_reward(["1+2="], ["1+2=3#3"], answer=["3"]) -> [1.0].
+
+    Raises:
+        ValueError: if the three lists differ in length.
+
+    Source: the verifiable-reward setting of DeepSeek-R1 / DAPO (rule-based accuracy reward); the signature is
+    TRL's ``reward_funcs`` convention.
+    """
+    if not len(prompts) == len(completions) == len(answer):
+        raise ValueError(f"prompts, completions and answer must have one entry per completion, got "
+                         f"{len(prompts)}, {len(completions)} and {len(answer)}")
+    return [score(c, a).reward for c, a in zip(completions, answer, strict=True)]

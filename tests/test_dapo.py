@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from minirl import advantages, losses, models, rewards, rollout, sampling, trainer
+from minirl import advantages, config, losses, models, rewards, rl, rollout, sampling
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
@@ -239,7 +239,7 @@ def test_dynamic_sampling_bad_arguments():
 
 # --- presets --------------------------------------------------------------------------------------------------------
 def test_dr_grpo_preset_has_both_fixes():
-    c = trainer.make_config("dr_grpo")
+    c = config.make_config("dr_grpo")
     assert c.adv_scale == "none" and c.agg == "seq-mean-token-sum-norm"
     assert c.beta == 0.0 and c.advantage == "group"
     # no std division: rewards [1, 0, 0, 0] -> minus the mean 0.25 only
@@ -247,14 +247,14 @@ def test_dr_grpo_preset_has_both_fixes():
 
 
 def test_dapo_preset_has_its_four_changes():
-    c = trainer.make_config("dapo")
+    c = config.make_config("dapo")
     assert (c.eps_low, c.eps_high) == (0.2, 0.28)
     assert c.agg == "token-mean" and c.dynamic_sampling and c.overlong_shaping
     assert c.beta == 0.0 and c.adv_scale == "group"
 
 
 def test_grpo_preset_is_the_baseline():
-    c = trainer.make_config("grpo")
+    c = config.make_config("grpo")
     assert (c.eps_low, c.eps_high, c.agg, c.adv_scale) == (0.2, 0.2, "seq-mean-token-mean", "group")
     assert not c.dynamic_sampling and not c.overlong_shaping and not c.overlong_filter
 
@@ -286,41 +286,35 @@ def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkey
         generated.append(r)
         return r
 
-    def scripted_score(completions, answers):
-        if len(scored) < len(ROUNDS):  # the two generation rounds
-            acc = ROUNDS[len(scored)].float()
-        else:  # stage 2 scores the assembled batch: the kept groups' rewards, in order
-            acc = torch.tensor([0, 1, 0, 0, 1, 0, 1, 1], dtype=torch.float)
+    def scripted_reward(prompts, completions, **columns):  # one call per generation round, none after
         scored.append(list(completions))
-        return acc, torch.ones_like(acc)
+        return ROUNDS[len(scored) - 1].float().tolist()
 
-    def capture(model_, opt, vm, vopt, cfg, beta, batch, rows, P, old, ref, adv, loss_mask, *rest):
-        seen.update(batch=batch, advantages=adv.clone(), rows=rows.clone())
-        return real_opt(model_, opt, vm, vopt, cfg, beta, batch, rows, P, old, ref, adv, loss_mask, *rest)
+    def capture(model_, optimizer, minibatch, cfg, **kw):
+        seen.update(batch=minibatch, advantages=minibatch.advantages.clone())
+        return real_update(model_, optimizer, minibatch, cfg, **kw)
 
-    real_opt = trainer._optimise_minibatch
-    monkeypatch.setattr(trainer.rollout, "generate", recording_generate)
-    monkeypatch.setattr(trainer, "_score", scripted_score)
-    monkeypatch.setattr(trainer, "_optimise_minibatch", capture)
-    cfg = trainer.make_config("dapo", steps=1, prompts_per_step=2, gen_prompts_per_round=3, group_size=G,
-                              max_gen_batches=4, max_new_tokens=6, num_iterations=1, num_minibatches=1,
-                              overlong_shaping=False, lr=1e-4, progress=False)
-    h = trainer.train_rl(model, tok, cfg, _fake_data())
-    assert len(generated) == 2  # the batch was full after 2 rounds
+    real_update = rl.update_minibatch
+    monkeypatch.setattr(rl.rollout, "generate", recording_generate)
+    monkeypatch.setattr(rl, "update_minibatch", capture)
+    cfg = config.make_config("dapo", steps=1, prompts_per_step=2, gen_prompts_per_round=3, group_size=G,
+                             max_gen_batches=4, max_new_tokens=6, num_iterations=1, num_minibatches=1,
+                             overlong_shaping=False, lr=1e-4, progress=False)
+    h = rl.train_rl(model, tok, cfg, _fake_data(), reward_fn=scripted_reward)
+    assert len(generated) == 2 and len(scored) == 2  # the batch was full after 2 rounds, each scored once
     # kept: round 1 group 1 (rows 4..7) then round 2 group 0 (rows 0..3)
-    expected = generated[0].completions[4:8] + generated[1].completions[0:4]
-    assert scored[-1] == expected  # the reward stage saw exactly the kept completions
-    batch = seen["batch"]
-    assert batch.completions == expected and batch.input_ids.shape[0] == 2 * G
     T = max(generated[0].completion_ids.shape[1], generated[1].completion_ids.shape[1])
     exp_ids = torch.cat([torch.nn.functional.pad(generated[0].completion_ids[4:8],
                                                  (0, T - generated[0].completion_ids.shape[1]), value=0),
                          torch.nn.functional.pad(generated[1].completion_ids[0:4],
                                                  (0, T - generated[1].completion_ids.shape[1]), value=0)])
-    assert torch.equal(batch.completion_ids, exp_ids)
-    assert sorted(seen["rows"].tolist()) == list(range(2 * G))
-    torch.testing.assert_close(seen["advantages"], advantages.group_advantages(
-        torch.tensor([0, 1, 0, 0, 1, 0, 1, 1.0]), G))
+    batch = seen["batch"]  # the one minibatch is the whole batch, in a shuffled group order
+    assert len(batch) == 2 * G
+    P = batch.n_prompt_tokens
+    trained = sorted(tuple(r) for r in batch.input_ids[:, P:].tolist())
+    assert trained == sorted(tuple(r) for r in exp_ids.tolist())
+    expected_adv = advantages.group_advantages(torch.tensor([0, 1, 0, 0, 1, 0, 1, 1.0]), G)  # kept groups' scores
+    assert sorted(seen["advantages"].tolist()) == pytest.approx(sorted(expected_adv.tolist()))
     row = h.rows[-1]
     assert (row["gen_rounds"], row["gen_samples"], row["useful_groups_in_batch"]) == (2, 24, 2)
     close(row["useful_groups"], 3 / 6)  # 3 of the 6 generated groups had signal (one dropped as surplus)
@@ -328,11 +322,10 @@ def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkey
 
 def test_trainer_dynamic_sampling_raises_when_rounds_run_out(tiny, monkeypatch):
     model, tok = tiny
-    monkeypatch.setattr(trainer, "_score", lambda c, a: (torch.zeros(len(c)), torch.zeros(len(c))))
-    cfg = trainer.make_config("dapo", steps=1, prompts_per_step=2, group_size=4, max_gen_batches=2,
-                              max_new_tokens=4, overlong_cache_len=2, num_minibatches=1, progress=False)
+    cfg = config.make_config("dapo", steps=1, prompts_per_step=2, group_size=4, max_gen_batches=2,
+                             max_new_tokens=4, overlong_cache_len=2, num_minibatches=1, progress=False)
     with pytest.raises(RuntimeError, match="max_gen_batches=2"):
-        trainer.train_rl(model, tok, cfg, _fake_data())
+        rl.train_rl(model, tok, cfg, _fake_data(), reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
 
 
 @pytest.fixture(scope="module")
@@ -356,18 +349,19 @@ def tiny_batch(tiny):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("beta", [0.0, 0.1])
 def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tiny_batch, mode, beta):
-    """The denominator logic of trainer._optimise_minibatch: 3+3+2 micro-batches give the one-batch gradient."""
+    """The denominator logic of rl.update_minibatch: 3+3+2 micro-batches give the one-batch gradient."""
     model, _ = tiny
     r, old, ref, adv, loss_mask = tiny_batch
     assert loss_mask.sum(-1).tolist() == [10, 0, 7, 3, 10, 5, 2, 9]  # lengths differ: a wrong denominator shows
     rows = torch.arange(r.input_ids.shape[0])
     grads, totals = [], []
     for micro in (None, 3):
-        cfg = trainer.make_config("grpo", agg=mode, beta=beta, max_new_tokens=10, micro_batch_size=micro,
-                                  max_grad_norm=1e9, eps_high=0.28)
+        cfg = config.make_config("grpo", agg=mode, beta=beta, max_new_tokens=10, micro_batch_size=micro,
+                                 max_grad_norm=1e9, eps_high=0.28)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: read the gradient, leave the weights
-        out = trainer._optimise_minibatch(model, opt, None, None, cfg, beta, r, rows, r.n_prompt_tokens, old,
-                                          ref if beta > 0 else None, adv, loss_mask, None, None, None)
+        batch = rl.RLBatch(r.input_ids, r.attention_mask, r.completion_mask, loss_mask, old, adv,
+                           ref if beta > 0 else None, n_prompt_tokens=r.n_prompt_tokens)
+        out = rl.update_minibatch(model, opt, batch[rows], cfg, beta=beta)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         totals.append(out["loss"])
     assert grads[0].abs().max() > 1e-4  # a real gradient, not a trivially equal zero
@@ -385,8 +379,8 @@ def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tin
 
 def test_config_rejects_bad_dapo_settings():
     with pytest.raises(ValueError, match="gen_prompts_per_round"):
-        trainer.make_config("dapo", gen_prompts_per_round=0)
+        config.make_config("dapo", gen_prompts_per_round=0)
     with pytest.raises(ValueError, match="overlong_cache_len"):
-        trainer.make_config("dapo", max_new_tokens=16, overlong_cache_len=20)
+        config.make_config("dapo", max_new_tokens=16, overlong_cache_len=20)
     with pytest.raises(ValueError, match="max_gen_batches"):
-        trainer.make_config("dapo", max_gen_batches=0)
+        config.make_config("dapo", max_gen_batches=0)

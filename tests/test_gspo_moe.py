@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl import models, moe, rollout, tasks, trainer
+from minirl import config, models, moe, rl, rollout, tasks
 from minirl.losses import LOG_RATIO_CLAMP, policy_loss
 from minirl.tokenizer import build_tokenizer
 
@@ -95,12 +95,12 @@ def test_sequence_level_refuses_a_token_aggregation_and_token_advantages():
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(lp, lp, torch.zeros(2, 3), torch.ones(2, 3), level="sequence")
     with pytest.raises(ValueError, match="level='sequence'"):
-        trainer.make_config("gspo", agg="token-mean")
+        config.make_config("gspo", agg="token-mean")
 
 
 def test_presets_carry_the_paper_clip_ranges():
     for name, level in (("gspo", "sequence"), ("gspo_token", "sequence-token")):
-        cfg = trainer.make_config(name)
+        cfg = config.make_config(name)
         assert (cfg.level, cfg.eps_low, cfg.eps_high, cfg.agg) == (level, 3e-4, 4e-4, "seq-mean-token-mean")
 
 
@@ -353,11 +353,11 @@ def test_trainer_routing_replay_is_exactly_on_policy_at_the_first_update(tok):
     # one rollout, one epoch, one minibatch (in micro-batches of 3 rows): the only update is on-policy, so every
     # ratio is 1 to float precision when replay restores the behaviour forward's experts
     model = models.tiny_moe(tok, seed=1)
-    cfg = trainer.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=10,
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=10,
                               num_iterations=1, num_minibatches=1, micro_batch_size=3, beta=0.0,
                               routing_replay=True, progress=False)
-    h = trainer.train_rl(model, tok, cfg, tasks.load_split("train"))
+    h = rl.train_rl(model, tok, cfg, tasks.load_split("train"))
     assert abs(h.last("ratio_min") - 1) < 1e-5 and abs(h.last("ratio_max") - 1) < 1e-5
     with pytest.raises(ValueError, match="MoE"):
-        trainer.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
+        rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
                          tasks.load_split("train"))

@@ -1,4 +1,4 @@
-"""Tests of the KL on language models: the true sequence KL (minirl.kl.sequence_kl and friends) and the trainer's
+"""Tests of the KL on language models: the true sequence KL (minirl.evaluation.sequence_kl and friends) and the loop's
 construction of a KL penalty in the reward (advantages.group_advantages_to_go)."""
 
 import itertools
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minirl import advantages, kl, kl_toy, losses, models, rollout
+from minirl import advantages, evaluation, kl, kl_toy, losses, models, rollout
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
@@ -106,7 +106,7 @@ def test_sequence_kl_averages_to_the_enumerated_sequence_kl(temperature):
     ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, 1, temperature) * m
     p_seq = logp.sum(-1).exp().detach()  # (15,)
     true_kl = (p_seq * (logp - ref_logp).sum(-1)).sum()
-    seq_kl, entropy = kl.sequence_kl(policy, ref, r, temperature)
+    seq_kl, entropy = evaluation.sequence_kl(policy, ref, r, temperature)
     assert true_kl > 0.05  # a real difference between the two models
     torch.testing.assert_close((p_seq * seq_kl).sum(), true_kl.detach(), atol=1e-5, rtol=0)
     # k1 summed over the row has the same mean (unbiased) but a larger variance (Rao-Blackwell)
@@ -120,16 +120,16 @@ def test_sequence_kl_averages_to_the_enumerated_sequence_kl(temperature):
 
 def test_sequence_kl_is_zero_against_itself():
     policy, _ = bigram_pair()
-    seq_kl, _ = kl.sequence_kl(policy, policy, enumerated_rollout())
+    seq_kl, _ = evaluation.sequence_kl(policy, policy, enumerated_rollout())
     assert seq_kl.abs().max() < 1e-6
 
 
 def test_sequence_kl_ignores_positions_after_eos():
     policy, ref = bigram_pair()
     r = enumerated_rollout()
-    before, _ = kl.sequence_kl(policy, ref, r)
+    before, _ = evaluation.sequence_kl(policy, ref, r)
     r.input_ids[:, 1:] = torch.where(r.completion_mask > 0, r.completion_ids, torch.full_like(r.completion_ids, 2))
-    after, _ = kl.sequence_kl(policy, ref, r)  # different padding tokens, same valid prefixes
+    after, _ = evaluation.sequence_kl(policy, ref, r)  # different padding tokens, same valid prefixes
     torch.testing.assert_close(before, after)
 
 
@@ -149,7 +149,7 @@ def test_sequence_kl_matches_k1_on_many_samples_of_a_real_model(tiny_pair):
     with torch.no_grad():
         ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, r.n_prompt_tokens)
     k1_sum = (kl.k1(r.logprobs, ref_logp) * r.completion_mask).sum(-1)  # (400,)
-    seq_kl, _ = kl.sequence_kl(policy, ref, r)
+    seq_kl, _ = evaluation.sequence_kl(policy, ref, r)
     diff = k1_sum - seq_kl  # mean 0; its spread sets the tolerance
     assert abs(float(diff.mean())) < 4 * float(diff.std()) / len(diff) ** 0.5
     assert float(seq_kl.std()) < float(k1_sum.std())  # the exact per-position sum is the low-variance one
@@ -161,21 +161,21 @@ def test_fresh_sample_kl_is_repeatable_and_leaves_the_rng_alone(tiny_pair):
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    a = kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    a = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
     assert torch.equal(torch.rand(3), expected_next)  # the training RNG did not move
-    b = kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    b = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
     assert a == b and a["n"] == 16 and a["kl"] > 0
-    same = kl.fresh_sample_kl(policy, policy, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    same = evaluation.fresh_sample_kl(policy, policy, tok, ["1+2=", "4+4="], 8, 4, seed=5)
     assert abs(same["kl"]) < 1e-5 and same["entropy"] > 0
 
 
 def test_fresh_sample_kl_scores_the_same_samples_when_given_answers(tiny_pair):
     policy, ref, tok = tiny_pair
-    out = kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5, answers=["3", "8"])
+    out = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5, answers=["3", "8"])
     assert out["accuracy"] == 0.0  # a random model, 4 tokens: no "#answer" yet
-    assert out["kl"] == kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5)["kl"]
+    assert out["kl"] == evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5)["kl"]
     with pytest.raises(ValueError, match="answers"):
-        kl.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, answers=["3"])
+        evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, answers=["3"])
 
 
 # --- the trainer's KL-in-reward construction gives the reverse-KL gradient ---------------------------------------

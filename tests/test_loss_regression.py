@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from make_regression_fixture import compute
 
 STORED = json.loads((Path(__file__).parent / "data" / "loss_regression.json").read_text())

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl import advantages, kl, losses, models, rewards, tasks, trainer
+from minirl import advantages, config, kl, losses, models, rewards, rl, tasks
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
@@ -235,7 +235,7 @@ def test_kl_in_reward_shapes_every_token_with_detached_k1():
     (0.0, 0.1 * (1 - 0.2 * 64 / 1000)),    # no KL at all: error -1 clipped to -0.2 -> 0.09872
 ])
 def test_adaptive_kl_controller_arithmetic(observed, expected):
-    beta = trainer.adaptive_kl_beta(0.1, observed, target_kl=0.05, horizon=1000, n_samples=64)
+    beta = rl.adaptive_kl_beta(0.1, observed, target_kl=0.05, horizon=1000, n_samples=64)
     assert math.isclose(beta, expected, rel_tol=1e-12)
 
 
@@ -258,18 +258,27 @@ def test_value_model_is_a_separate_copy_that_starts_at_zero():
 
 
 # ------------------------------------------------------------------------------------------------------ PPO run
+# The runs below use a tiny random model and a scripted reward that varies with what is written (the share of
+# '1' characters), so every batch has reward variance and the policy must move: nothing depends on whether a
+# particular sampled trajectory happened to earn the task's reward (which a random model rarely does).
 @pytest.fixture(scope="module")
 def warm():
-    model, tok, _ = trainer.warm_start(trainer.resolve_profile("cpu"), seed=0, progress=False)
-    return model, tok
+    tok = build_tokenizer()
+    return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0), tok
+
+
+def ones_share(prompts, completions, **_):
+    """A scripted reward in TRL's form: the share of '1' characters of the completion (0 for an empty one)."""
+    return [c.count("1") / max(len(c), 1) for c in completions]
 
 
 def _ppo(warm, **kw):
     model, tok = warm
-    settings_ = dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=32, lr=1e-4, num_iterations=2,
+    settings_ = dict(steps=2, prompts_per_step=2, group_size=4, max_new_tokens=16, lr=1e-3, num_iterations=2,
                      num_minibatches=2, progress=False)
-    cfg = trainer.make_config("ppo", **{**settings_, **kw})
-    return trainer.train_rl(copy.deepcopy(model), tok, cfg, tasks.load_split("train"))
+    cfg = config.make_config("ppo", **{**settings_, **kw})
+    return rl.train_rl(copy.deepcopy(model), tok, cfg, tasks.load_split("train").select(range(64)),
+                       reward_fn=ones_share)
 
 
 def test_ppo_smoke_run_logs_critic_and_kl_metrics(warm):
@@ -284,7 +293,8 @@ def test_ppo_smoke_run_logs_critic_and_kl_metrics(warm):
 def test_ppo_adaptive_kl_moves_beta(warm):
     h = _ppo(warm, steps=3, adaptive_kl=True, target_kl=1e-6, kl_horizon=100)
     # step 1 samples from the reference itself: KL exactly 0, error -1 clipped to -0.2, 8 samples / horizon 100
-    # -> beta *= 1 - 0.016. Step 2's policy has moved: any KL above the 1e-6 target -> beta *= 1 + 0.016.
+    # -> beta *= 1 - 0.016. Step 2's policy has moved (4 optimiser steps at lr 1e-3 on a reward with variance):
+    # any KL above the 1e-6 target -> beta *= 1 + 0.016.
     assert h.rows[0]["kl_ref"] == 0.0 and h.rows[1]["kl_ref"] > 1e-6
     betas = h.series("beta")[1]
     assert betas[0] == 0.05

@@ -13,17 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl.preference import (
-    build_kto_examples,
-    build_preference_pairs,
-    dpo_loss,
-    ipo_bandit,
-    ipo_loss,
-    kto_loss,
-    kto_mismatched_indices,
-    simpo_loss,
-    total_order_preferences,
-)
+from minirl.preference import dpo_loss, ipo_loss, kto_loss, kto_mismatched_indices, simpo_loss
+from minirl.preference_data import build_kto_examples, build_preference_pairs
+from minirl.preference_toy import ipo_bandit, total_order_preferences
 
 LN2 = math.log(2.0)  # 0.693147
 
@@ -450,7 +442,7 @@ def test_build_preference_pairs_needs_groups_of_two():
 
 
 def test_pairs_to_examples_unpairs_chosen_and_rejected():
-    from minirl.preference import pairs_to_examples
+    from minirl.preference_data import pairs_to_examples
 
     pairs = {"prompt": ["p", "q"], "chosen": ["c0", "c1"], "rejected": ["r0", "r1"]}
     ds = pairs_to_examples(pairs)
@@ -463,7 +455,7 @@ def test_pairs_to_examples_unpairs_chosen_and_rejected():
 def test_flip_pairs_swaps_exactly_the_share_asked_for():
     from datasets import Dataset
 
-    from minirl.preference import flip_pairs
+    from minirl.preference_data import flip_pairs
 
     pairs = Dataset.from_dict({"prompt": [f"p{i}" for i in range(10)], "chosen": [f"c{i}" for i in range(10)],
                                "rejected": [f"r{i}" for i in range(10)]})

@@ -1,4 +1,4 @@
-"""The preference training loop of minirl.trainer: DPO, IPO, KTO, SimPO on a tiny random model.
+"""The preference training loop of minirl.preference_loop: DPO, IPO, KTO, SimPO on a tiny random model.
 
 Hand values: with the reference equal to the policy every log-ratio is 0, so at the first step DPO's loss is
 ln 2 = 0.693147, IPO's is (0 - 1/(2 tau))^2 = 25.0 for tau = 0.1, and KTO's is 1 - sigmoid(0) = 0.5 per example.
@@ -13,8 +13,9 @@ import pytest
 import torch
 from datasets import Dataset
 
-from minirl import models, rollout, trainer
+from minirl import models, preference_data, rollout
 from minirl import preference as pref
+from minirl import preference_loop as loop
 from minirl.tokenizer import build_tokenizer
 
 PAIRS = {
@@ -40,11 +41,11 @@ def pairs():
 
 def cfg(method, **kw):
     base = dict(method=method, steps=1, batch_size=4, lr=1e-3, progress=False)
-    return trainer.PrefConfig(**{**base, **kw})
+    return loop.PrefConfig(**{**base, **kw})
 
 
 def data_for(method, pairs):
-    return pref.pairs_to_examples(pairs) if method == "kto" else pairs
+    return preference_data.pairs_to_examples(pairs) if method == "kto" else pairs
 
 
 # ---------------------------------------------------------------------------------------------- encoding
@@ -64,17 +65,17 @@ def test_encode_completions_reproduces_rollout_logprobs(tok):
     keep = [i for i in range(32) if plain(i)]
     assert len(keep) >= 3, "the random model should end some samples with EOS within 24 tokens"
     prompts = [["3+4=", "9+9+1+2="][i // 16] for i in keep]
-    enc = trainer.encode_completions(tok, prompts, [r.completions[i] for i in keep])
+    enc = loop.encode_completions(tok, prompts, [r.completions[i] for i in keep])
     model.eval()
     with torch.no_grad():
-        lp = trainer._completion_logps(model, enc, 1.0)
+        lp = loop._completion_logps(model, enc, 1.0)
     mine = rollout.sequence_logprobs(lp, enc["completion_mask"])
     theirs = rollout.sequence_logprobs(r.logprobs[keep], r.completion_mask[keep])
     torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
 
 
 def test_encode_completions_layout(tok):
-    enc = trainer.encode_completions(tok, ["1+2=", "9+9+9="], ["1+2=3#3", "x"])
+    enc = loop.encode_completions(tok, ["1+2=", "9+9+9="], ["1+2=3#3", "x"])
     # prompts: BOS + 4 chars and BOS + 6 chars -> P = 7; completions: 7 + EOS and 1 + EOS -> T = 8
     assert enc["n_prompt_tokens"] == 7
     assert enc["input_ids"].shape == (2, 15)
@@ -86,9 +87,9 @@ def test_encode_completions_layout(tok):
 
 def test_encode_completions_rejects_bad_input(tok):
     with pytest.raises(ValueError, match="as many prompts"):
-        trainer.encode_completions(tok, ["1+2="], ["3#3", "4#4"])
+        loop.encode_completions(tok, ["1+2="], ["3#3", "4#4"])
     with pytest.raises(ValueError, match="at least one"):
-        trainer.encode_completions(tok, [], [])
+        loop.encode_completions(tok, [], [])
 
 
 # ---------------------------------------------------------------------------------------------- first step values
@@ -97,7 +98,7 @@ def test_encode_completions_rejects_bad_input(tok):
 @pytest.mark.parametrize("method,expected", [("dpo", math.log(2)), ("ipo", 25.0), ("kto", 0.5)])
 def test_first_step_loss_with_reference_equal_to_policy(tok, pairs, method, expected):
     # dpo: -log sigmoid(0) = ln 2 = 0.693147; ipo tau 0.1: (0 - 5)^2 = 25; kto: 1 - sigmoid(0) = 0.5
-    h = trainer.train_preference(tiny(tok), tok, data_for(method, pairs), cfg(method, batch_size=4))
+    h = loop.train_preference(tiny(tok), tok, data_for(method, pairs), cfg(method, batch_size=4))
     row = h.rows[0]
     assert row["loss"] == pytest.approx(expected, abs=1e-6)
     if method != "kto":
@@ -107,17 +108,17 @@ def test_first_step_loss_with_reference_equal_to_policy(tok, pairs, method, expe
 
 
 def test_dpo_first_step_is_ln2_with_label_smoothing_too(tok, pairs):
-    h = trainer.train_preference(tiny(tok), tok, pairs, cfg("dpo", label_smoothing=0.2))
+    h = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", label_smoothing=0.2))
     assert h.rows[0]["loss"] == pytest.approx(0.693147, abs=1e-6)
 
 
 def test_simpo_first_step_matches_hand_computation(tok, pairs):
     model = tiny(tok)
-    enc = trainer.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
+    enc = loop.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
     with torch.no_grad():
-        mean = rollout.sequence_logprobs(trainer._completion_logps(model, enc, 1.0), enc["completion_mask"], "mean")
+        mean = rollout.sequence_logprobs(loop._completion_logps(model, enc, 1.0), enc["completion_mask"], "mean")
     expected = -torch.nn.functional.logsigmoid(2.0 * (mean[:4] - mean[4:]) - 1.0).mean()  # beta 2, gamma 1
-    h = trainer.train_preference(model, tok, pairs, cfg("simpo"))
+    h = loop.train_preference(model, tok, pairs, cfg("simpo"))
     assert h.rows[0]["loss"] == pytest.approx(expected.item(), abs=1e-5)
 
 
@@ -126,21 +127,21 @@ def test_ipo_reduction_is_the_one_asked_for(tok, pairs, reduction):
     # ref = a different model, so h != 0 and the reduction matters
     model, ref = tiny(tok, seed=0), tiny(tok, seed=1).eval()
     c = cfg("ipo", reduction=reduction)
-    enc = trainer.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
+    enc = loop.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
     with torch.no_grad():
-        pol = rollout.sequence_logprobs(trainer._completion_logps(model, enc, 1.0), enc["completion_mask"], reduction)
-    refl = trainer.reference_logps(ref, enc, 1.0, reduction)
+        pol = rollout.sequence_logprobs(loop._completion_logps(model, enc, 1.0), enc["completion_mask"], reduction)
+    refl = loop.reference_logps(ref, enc, 1.0, reduction)
     expected, _ = pref.ipo_loss(pol[:4], pol[4:], refl[:4], refl[4:], tau=0.1)
-    loss, _ = trainer.preference_pair_loss(model, ref, tok, PAIRS, c)
+    loss, _ = loop.preference_pair_loss(model, ref, tok, PAIRS, c)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_method_defaults_follow_the_papers():
-    assert trainer.PrefConfig(method="dpo").resolved() == {"beta": 0.1, "reduction": "sum"}
-    assert trainer.PrefConfig(method="simpo").resolved() == {"beta": 2.0, "reduction": "mean"}
-    assert trainer.PrefConfig(method="kto").resolved() == {"beta": 0.1, "reduction": "sum"}
-    assert trainer.PrefConfig(method="ipo").resolved()["reduction"] == "sum"
-    assert trainer.PrefConfig(method="ipo", reduction="mean").resolved()["reduction"] == "mean"
+    assert loop.PrefConfig(method="dpo").resolved() == {"beta": 0.1, "reduction": "sum"}
+    assert loop.PrefConfig(method="simpo").resolved() == {"beta": 2.0, "reduction": "mean"}
+    assert loop.PrefConfig(method="kto").resolved() == {"beta": 0.1, "reduction": "sum"}
+    assert loop.PrefConfig(method="ipo").resolved()["reduction"] == "sum"
+    assert loop.PrefConfig(method="ipo", reduction="mean").resolved()["reduction"] == "mean"
 
 
 # ---------------------------------------------------------------------------------------------- the reference model
@@ -152,7 +153,7 @@ def test_reference_is_frozen_in_eval_mode_and_run_without_grad(tok, pairs):
     before = copy.deepcopy(ref.state_dict())
     seen = []
     ref.register_forward_hook(lambda mod, inp, out: seen.append((torch.is_grad_enabled(), mod.training)))
-    trainer.train_preference(model, tok, pairs, cfg("dpo", steps=3), ref_model=ref)
+    loop.train_preference(model, tok, pairs, cfg("dpo", steps=3), ref_model=ref)
     assert seen and all(grad is False and training is False for grad, training in seen)
     assert all(p.grad is None and not p.requires_grad for p in ref.parameters())
     for k, v in ref.state_dict().items():
@@ -162,16 +163,16 @@ def test_reference_is_frozen_in_eval_mode_and_run_without_grad(tok, pairs):
 def test_default_reference_is_a_frozen_copy_of_the_start(tok, pairs):
     model = tiny(tok)
     start = copy.deepcopy(model.state_dict())
-    h = trainer.train_preference(model, tok, pairs, cfg("dpo", steps=2))
+    h = loop.train_preference(model, tok, pairs, cfg("dpo", steps=2))
     # the policy moved, the reference (a copy made at the start) held the reference bytes
     assert any(not torch.equal(v, start[k]) for k, v in model.state_dict().items())
     assert h.rows[-1]["memory_reference_bytes"] == h.rows[-1]["memory_policy_bytes"]
 
 
 def test_reference_logps_refuses_train_mode(tok):
-    enc = trainer.encode_completions(tok, ["1+2="], ["1+2=3#3"])
+    enc = loop.encode_completions(tok, ["1+2="], ["1+2=3#3"])
     with pytest.raises(ValueError, match="eval mode"):
-        trainer.reference_logps(tiny(tok).train(), enc)
+        loop.reference_logps(tiny(tok).train(), enc)
 
 
 def test_simpo_makes_no_reference(tok, pairs, monkeypatch):
@@ -183,18 +184,18 @@ def test_simpo_makes_no_reference(tok, pairs, monkeypatch):
             pytest.fail("SimPO must not copy the policy")
         return real(x, *a, **k)
 
-    monkeypatch.setattr(trainer.copy, "deepcopy", no_model_copies)
+    monkeypatch.setattr(loop.copy, "deepcopy", no_model_copies)
     calls = []
     ref.register_forward_hook(lambda *a: calls.append(1))
-    h = trainer.train_preference(model, tok, pairs, cfg("simpo", steps=2), ref_model=ref)
+    h = loop.train_preference(model, tok, pairs, cfg("simpo", steps=2), ref_model=ref)
     assert calls == []  # a reference handed in is ignored
     assert h.rows[-1]["memory_reference_bytes"] == 0
 
 
 def test_memory_held_counts_parameters_grads_adam_and_reference(tok, pairs):
     n = models.count_parameters(tiny(tok))  # tied embeddings counted once
-    dpo = trainer.train_preference(tiny(tok), tok, pairs, cfg("dpo")).rows[-1]
-    simpo = trainer.train_preference(tiny(tok), tok, pairs, cfg("simpo")).rows[-1]
+    dpo = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo")).rows[-1]
+    simpo = loop.train_preference(tiny(tok), tok, pairs, cfg("simpo")).rows[-1]
     assert dpo["memory_policy_bytes"] == 4 * n  # float32
     assert dpo["memory_grad_bytes"] == 4 * n
     n_tensors = len(list(tiny(tok).parameters()))
@@ -208,7 +209,7 @@ def test_memory_held_counts_parameters_grads_adam_and_reference(tok, pairs):
 def test_kto_reference_pairs_never_pair_an_example_with_itself():
     prompts, comps = ["a", "b", "c"], ["A", "B", "C"]
     for seed in range(20):
-        p, c, idx = trainer.kto_reference_pairs(prompts, comps, torch.Generator().manual_seed(seed))
+        p, c, idx = loop.kto_reference_pairs(prompts, comps, torch.Generator().manual_seed(seed))
         assert p == prompts
         assert all(j != i for i, j in enumerate(idx.tolist()))
         assert c == [comps[j] for j in idx.tolist()]
@@ -216,15 +217,15 @@ def test_kto_reference_pairs_never_pair_an_example_with_itself():
 
 def test_kto_loop_pairs_no_example_with_itself(tok, pairs, monkeypatch):
     drawn = []
-    real = trainer.kto_reference_pairs
+    real = loop.kto_reference_pairs
 
     def spy(prompts, completions, generator=None):
         out = real(prompts, completions, generator)
         drawn.append(out[2])
         return out
 
-    monkeypatch.setattr(trainer, "kto_reference_pairs", spy)
-    h = trainer.train_preference(tiny(tok), tok, data_for("kto", pairs), cfg("kto", steps=4, batch_size=8))
+    monkeypatch.setattr(loop, "kto_reference_pairs", spy)
+    h = loop.train_preference(tiny(tok), tok, data_for("kto", pairs), cfg("kto", steps=4, batch_size=8))
     assert len(drawn) == 4
     for idx in drawn:
         assert all(j != i for i, j in enumerate(idx.tolist()))
@@ -235,12 +236,12 @@ def test_kto_loop_pairs_no_example_with_itself(tok, pairs, monkeypatch):
 def test_kto_z0_is_mismatched_log_ratio_clamped_and_detached(tok, pairs):
     model, ref = tiny(tok, seed=0), tiny(tok, seed=1).eval()
     c = cfg("kto", batch_size=8)
-    batch = pref.pairs_to_examples(pairs)[:]
-    loss, st = trainer.preference_kto_loss(model, ref, tok, batch, c, generator=None)  # shift-by-one pairing
+    batch = preference_data.pairs_to_examples(pairs)[:]
+    loss, st = loop.preference_kto_loss(model, ref, tok, batch, c, generator=None)  # shift-by-one pairing
     shifted = [batch["completion"][(i + 1) % 8] for i in range(8)]
-    enc = trainer.encode_completions(tok, batch["prompt"], shifted)
+    enc = loop.encode_completions(tok, batch["prompt"], shifted)
     model.eval()
-    raw = (trainer.reference_logps(model, enc) - trainer.reference_logps(ref, enc)).mean().item()
+    raw = (loop.reference_logps(model, enc) - loop.reference_logps(ref, enc)).mean().item()
     assert st["kl_raw"] == pytest.approx(raw, abs=1e-4)
     assert st["z0"] == pytest.approx(max(raw, 0.0), abs=1e-4)
     loss.backward()  # z0 carries no graph: the backward goes through the examples' own log-probs only
@@ -252,22 +253,22 @@ def test_kto_z0_is_mismatched_log_ratio_clamped_and_detached(tok, pairs):
 @pytest.mark.parametrize("method", ["dpo", "ipo", "kto", "simpo"])
 def test_a_few_steps_raise_the_chosen_minus_rejected_margin(tok, pairs, method):
     model = tiny(tok)
-    enc = trainer.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
+    enc = loop.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
 
     def margin():
         with torch.no_grad():
-            s = rollout.sequence_logprobs(trainer._completion_logps(model.eval(), enc, 1.0), enc["completion_mask"])
+            s = rollout.sequence_logprobs(loop._completion_logps(model.eval(), enc, 1.0), enc["completion_mask"])
         return (s[:4] - s[4:]).mean().item()  # nats
 
     before = margin()
-    trainer.train_preference(model, tok, data_for(method, pairs),
+    loop.train_preference(model, tok, data_for(method, pairs),
                              cfg(method, steps=8, lr=3e-3, batch_size=8 if method == "kto" else 4))
     assert margin() > before + 1.0
 
 
 def test_same_seed_same_history(tok, pairs):
-    a = trainer.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=3, batch_size=2, seed=5))
-    b = trainer.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=3, batch_size=2, seed=5))
+    a = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=3, batch_size=2, seed=5))
+    b = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=3, batch_size=2, seed=5))
     drop = ("time",)
     assert [{k: v for k, v in r.items() if k not in drop} for r in a.rows] == \
            [{k: v for k, v in r.items() if k not in drop} for r in b.rows]
@@ -275,7 +276,7 @@ def test_same_seed_same_history(tok, pairs):
 
 def test_batches_cover_each_row_once_per_epoch():
     gen = torch.Generator().manual_seed(0)
-    batches = list(trainer._batch_indices(5, 2, 5, gen))  # 10 rows drawn = 2 epochs of 5
+    batches = list(loop._batch_indices(5, 2, 5, gen))  # 10 rows drawn = 2 epochs of 5
     flat = [i for b in batches for i in b]
     assert sorted(flat[:5]) == [0, 1, 2, 3, 4] and sorted(flat[5:]) == [0, 1, 2, 3, 4]
     assert all(len(b) == 2 for b in batches)
@@ -283,7 +284,7 @@ def test_batches_cover_each_row_once_per_epoch():
 
 def test_eval_rows_at_start_and_end(tok, pairs):
     test = Dataset.from_dict({"prompt": ["1+2=", "3+3="], "answer": ["3", "6"]})
-    h = trainer.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=2, max_new_tokens=4), eval_data=test)
+    h = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=2, max_new_tokens=4), eval_data=test)
     assert h.series("eval_accuracy")[0] == [0, 2]
     assert h.series("eval_greedy_accuracy")[0] == [0, 2]
 
@@ -302,16 +303,16 @@ def test_eval_rows_at_start_and_end(tok, pairs):
 ])
 def test_bad_config_raises(kw, match):
     with pytest.raises(ValueError, match=match):
-        trainer.PrefConfig(**kw).validate()
+        loop.PrefConfig(**kw).validate()
 
 
 def test_data_without_the_methods_columns_raises(tok, pairs):
     with pytest.raises(ValueError, match="completion"):
-        trainer.train_preference(tiny(tok), tok, pairs, cfg("kto"))
+        loop.train_preference(tiny(tok), tok, pairs, cfg("kto"))
     with pytest.raises(ValueError, match="chosen"):
-        trainer.train_preference(tiny(tok), tok, pref.pairs_to_examples(pairs), cfg("dpo"))
+        loop.train_preference(tiny(tok), tok, preference_data.pairs_to_examples(pairs), cfg("dpo"))
     with pytest.raises(ValueError, match="empty"):
-        trainer.train_preference(tiny(tok), tok, pairs.select([]), cfg("dpo"))
+        loop.train_preference(tiny(tok), tok, pairs.select([]), cfg("dpo"))
 
 
 # ---------------------------------------------------------------------------------------------- pairs from own samples
@@ -319,13 +320,13 @@ def test_data_without_the_methods_columns_raises(tok, pairs):
 
 def test_sample_preference_data_pairs_follow_the_score(tok, monkeypatch):
     # a stand-in checker: a completion is "correct" when its length is even; the pairs must follow it
-    monkeypatch.setattr(trainer.tasks, "score", lambda c, a: trainer.tasks.Score(float(len(c) % 2 == 0), True,
-                                                                                 len(c) % 2 == 0))
+    tasks = preference_data.tasks
+    monkeypatch.setattr(tasks, "score", lambda c, a: tasks.Score(float(len(c) % 2 == 0), True, len(c) % 2 == 0))
     data = Dataset.from_dict({"prompt": ["1+2=", "3+4=", "5+6=", "7+8+9="], "answer": ["3", "7", "11", "24"]})
     state = torch.get_rng_state()
-    pairs, examples, info = trainer.sample_preference_data(tiny(tok), tok, data, 3, 6, 10, seed=1)
+    pairs, examples, info = preference_data.sample_preference_data(tiny(tok), tok, data, 3, 6, 10, seed=1)
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left as it was
-    again, _, _ = trainer.sample_preference_data(tiny(tok), tok, data, 3, 6, 10, seed=1)
+    again, _, _ = preference_data.sample_preference_data(tiny(tok), tok, data, 3, 6, 10, seed=1)
     assert pairs[:] == again[:]
     assert info["samples"] == 18 and len(examples) == 18 and info["pairs"] == len(pairs) > 0
     assert all(len(c) % 2 == 0 and len(r) % 2 == 1 for c, r in zip(pairs["chosen"], pairs["rejected"], strict=True))

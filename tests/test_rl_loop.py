@@ -1,5 +1,5 @@
-"""Tests of minirl.trainer (configs, History, SFT batches, evaluation, gradient accumulation, determinism) and the
-command line."""
+"""Tests of the loop's parts: config (presets, validation), History, the SFT batch, evaluation, rl (RLBatch,
+update_minibatch, gradient accumulation, reward functions in TRL's form, determinism) and the command line."""
 
 import copy
 import csv
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minirl import losses, models, rollout, tasks, trainer
+from minirl import config, evaluation, history, losses, models, rl, rollout, tasks, warm_start
 from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,31 +29,31 @@ def tiny_model(tok, seed=0):
 
 # --- make_config / RLConfig -----------------------------------------------------------------------------------------
 def test_presets_carry_the_papers_switches():
-    grpo, dr = trainer.make_config("grpo"), trainer.make_config("dr_grpo")
+    grpo, dr = config.make_config("grpo"), config.make_config("dr_grpo")
     assert (grpo.adv_scale, grpo.agg, grpo.kl_estimator, grpo.kl_placement) == (
         "group", "seq-mean-token-mean", "k3", "loss")
     assert grpo.beta > 0 and grpo.eps_low == grpo.eps_high == 0.2
     # Dr. GRPO is both halves: no std division AND the constant normaliser, and no KL
     assert (dr.adv_scale, dr.agg, dr.beta) == ("none", "seq-mean-token-sum-norm", 0.0)
-    for name in trainer.ALGORITHMS:
-        cfg = trainer.make_config(name)
+    for name in config.ALGORITHMS:
+        cfg = config.make_config(name)
         assert cfg.algo == name
         cfg.validate()
 
 
 def test_overrides_win_over_the_preset():
-    cfg = trainer.make_config("grpo", beta=0.0, lr=1e-5, agg="token-mean")
+    cfg = config.make_config("grpo", beta=0.0, lr=1e-5, agg="token-mean")
     assert (cfg.beta, cfg.lr, cfg.agg, cfg.adv_scale) == (0.0, 1e-5, "token-mean", "group")
 
 
 def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match=r"algorithm 'foo'.*grpo"):
-        trainer.make_config("foo")
+        config.make_config("foo")
 
 
 def test_unknown_field_is_named():
     with pytest.raises(ValueError, match="unknown RLConfig field.*'learning_rate'"):
-        trainer.make_config("grpo", learning_rate=1e-4)
+        config.make_config("grpo", learning_rate=1e-4)
 
 
 @pytest.mark.parametrize("overrides, named", [
@@ -70,15 +70,15 @@ def test_unknown_field_is_named():
 ])
 def test_invalid_settings_name_the_field(overrides, named):
     with pytest.raises(ValueError, match=named):
-        trainer.make_config("grpo", **overrides)
-    cfg = trainer.RLConfig(**overrides)  # a hand-built config is caught by validate()
+        config.make_config("grpo", **overrides)
+    cfg = config.RLConfig(**overrides)  # a hand-built config is caught by validate()
     with pytest.raises(ValueError, match=named):
         cfg.validate()
 
 
 # --- History --------------------------------------------------------------------------------------------------------
 def make_history():
-    h = trainer.History()
+    h = history.History()
     h.log(step=0, eval_accuracy=0.25)
     h.log(step=1, reward=0.5, loss=-0.1)
     h.log(step=2, reward=0.75, loss=None)
@@ -112,7 +112,7 @@ def test_history_to_jsonl_and_csv(tmp_path):
 
 # --- SFT batch ------------------------------------------------------------------------------------------------------
 def test_sft_batch_by_hand(tok):
-    b = trainer.sft_batch(tok, ["1+1=", "2+3+4="], ["1+1=2#2", "5#5"])
+    b = warm_start.sft_batch(tok, ["1+1=", "2+3+4="], ["1+1=2#2", "5#5"])
     # row 0: <bos> 1 + 1 = (5 ids) + "1+1=2#2" (7) + <eos> = 13; row 1: <bos> 2 + 3 + 4 = (7) + "5#5" (3) + <eos> = 11
     # right-padded to 13; the labels are -100 on the prompt and on the padding
     assert b["input_ids"].shape == b["labels"].shape == b["attention_mask"].shape == (2, 13)
@@ -129,13 +129,13 @@ def test_evaluate_is_repeatable_and_leaves_the_rng_alone(tok):
     model = tiny_model(tok)
     data = tasks.load_split("test").select(range(6))
     state = torch.get_rng_state()
-    a = trainer.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    a = evaluation.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
     assert torch.equal(torch.get_rng_state(), state)  # evaluating does not change the course of training
-    b = trainer.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    b = evaluation.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
     assert a == b
     assert a["n"] == 12 and set(a) >= {"accuracy", "format_rate", "mean_length", "truncated_rate", "n"}
     assert 0 <= a["accuracy"] <= a["format_rate"] <= 1 and 1 <= a["mean_length"] <= 8
-    g = trainer.evaluate(model, tok, data, max_new_tokens=8, greedy=True, samples_per_prompt=5)
+    g = evaluation.evaluate(model, tok, data, max_new_tokens=8, greedy=True, samples_per_prompt=5)
     assert g["n"] == 6  # greedy takes one completion per prompt
 
 
@@ -178,10 +178,11 @@ def test_two_accumulation_steps_give_the_same_gradient_as_one(tok, algo, beta):
     rows = torch.arange(8)
     grads, losses_ = [], []
     for micro in (None, 4):  # one pass of 8 rows; two accumulation steps of 4 rows
-        cfg = trainer.make_config(algo, beta=beta, micro_batch_size=micro, max_grad_norm=1e9, temperature=1.0)
+        cfg = config.make_config(algo, beta=beta, micro_batch_size=micro, max_grad_norm=1e9, temperature=1.0)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay put, the gradients stay readable
-        out = trainer._optimise_minibatch(model, opt, None, None, cfg, beta, batch, rows, batch.n_prompt_tokens, old,
-                                          ref if beta > 0 else None, adv, loss_mask, None, None, None)
+        mb = rl.RLBatch(batch.input_ids, batch.attention_mask, batch.completion_mask, loss_mask, old, adv,
+                        ref if beta > 0 else None, n_prompt_tokens=batch.n_prompt_tokens)
+        out = rl.update_minibatch(model, opt, mb[rows], cfg, beta=beta)
         grads.append([p.grad.clone() for p in model.parameters()])
         losses_.append(out["loss"])
     assert any(g.abs().sum() > 0 for g in grads[0])
@@ -218,15 +219,15 @@ def test_same_seed_same_history(tok):
     # rewards that differ inside a group, so the advantages are not all 0 and the updates are real
     base = tiny_model(tok)
     train = tasks.load_split("train")
-    trainer.sft(base, tok, train, steps=15, batch_size=16, lr=3e-3, progress=False)
-    cfg = trainer.make_config("grpo", seed=3, steps=2, prompts_per_step=4, group_size=4, max_new_tokens=16,
+    warm_start.sft(base, tok, train, steps=15, batch_size=16, lr=3e-3, progress=False)
+    cfg = config.make_config("grpo", seed=3, steps=2, prompts_per_step=4, group_size=4, max_new_tokens=16,
                               overlong_shaping=True, overlong_cache_len=12, lr=1e-3, num_iterations=2,
                               num_minibatches=2, progress=False)
     eval_data = tasks.load_split("test").select(range(4))
     runs, finals = [], []
     for _ in range(2):
         model = copy.deepcopy(base)
-        h = trainer.train_rl(model, tok, cfg, train, eval_data=eval_data)
+        h = rl.train_rl(model, tok, cfg, train, eval_data=eval_data)
         runs.append([{k: v for k, v in r.items() if k not in TIMING} for r in h.rows])
         finals.append(model)
     assert runs[0] == runs[1]
@@ -242,15 +243,15 @@ def test_same_seed_same_history(tok):
 def test_gpu_profile_models_build_and_take_an_rl_step_on_cpu(tok, kind):
     # No GPU in CI: this checks that the gpu profile's sizes make valid models (heads divide the width, 16 experts
     # route) and that one RL step runs on them; it cannot check CUDA itself.
-    prof = trainer.PROFILES["gpu"]
+    prof = config.PROFILES["gpu"]
     build = models.tiny_moe if kind == "moe" else models.tiny_dense
     model = build(tok, seed=0, **getattr(prof, kind))
     n = models.count_parameters(model)
-    small = models.count_parameters(build(tok, seed=0, **getattr(trainer.PROFILES["cpu"], kind)))
+    small = models.count_parameters(build(tok, seed=0, **getattr(config.PROFILES["cpu"], kind)))
     assert n > 3 * small  # the gpu profile really is bigger
-    cfg = trainer.make_config("gspo" if kind == "moe" else "grpo", seed=0, steps=1, prompts_per_step=2, group_size=2,
+    cfg = config.make_config("gspo" if kind == "moe" else "grpo", seed=0, steps=1, prompts_per_step=2, group_size=2,
                               max_new_tokens=prof.max_new_tokens // 5, progress=False)
-    h = trainer.train_rl(model, tok, cfg, tasks.load_split("train"))
+    h = rl.train_rl(model, tok, cfg, tasks.load_split("train"))
     # an untrained model scores 0 everywhere, so its advantages (and gradient) are 0: check the step ran cleanly
     assert [r["step"] for r in h.rows] == [1]
     for key in ("loss", "grad_norm", "entropy", "completion_length"):

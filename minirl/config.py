@@ -1,0 +1,231 @@
+"""Settings: the machine profiles, RLConfig (every switch of the RL loop) and ALGORITHMS (the presets).
+
+What differs between PPO, GRPO, Dr. GRPO, DAPO, GSPO and GSPO-token is a handful of switches in ``RLConfig``,
+collected in ``ALGORITHMS`` so the differences can be read at a glance (``algorithms_table()`` prints them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import advantages, kl, losses
+from .checks import choice
+
+#: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
+PROGRESS_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes for one kind of machine. ``cpu`` is what CI runs (a notebook in about 4 minutes on 2 cores);
+    ``gpu`` uses a bigger model and more steps on one CUDA device."""
+
+    name: str
+    device: str
+    dense: dict  # kwargs of models.tiny_dense
+    moe: dict  # kwargs of models.tiny_moe
+    sft_steps: int  # warm-start optimiser steps
+    sft_batch_size: int
+    sft_lr: float
+    rl_steps: int  # default RL steps of the main job
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    eval_size: int  # held-out prompts used for evaluation
+
+
+PROFILES = {
+    "cpu": Profile(name="cpu", device="cpu", dense=dict(hidden_size=128, num_layers=4, num_heads=4),
+                   moe=dict(hidden_size=128, num_layers=4, num_heads=4), sft_steps=200, sft_batch_size=64,
+                   sft_lr=2e-3, rl_steps=150, prompts_per_step=16, group_size=8, max_new_tokens=40, eval_size=256),
+    "gpu": Profile(name="gpu", device="cuda", dense=dict(hidden_size=256, num_layers=6, num_heads=8),
+                   moe=dict(hidden_size=256, num_layers=6, num_heads=8, num_experts=16), sft_steps=600,
+                   sft_batch_size=128, sft_lr=1e-3, rl_steps=200, prompts_per_step=32, group_size=16,
+                   max_new_tokens=40, eval_size=256),
+}
+
+
+def resolve_profile(name: str | None = None) -> Profile:
+    """The profile to use: ``name`` if given, else the MINIRL_PROFILE environment variable, else "gpu" when CUDA
+    is available and "cpu" otherwise.
+
+    Raises:
+        ValueError: for an unknown profile name, or "gpu" without a CUDA device.
+    """
+    name = name or os.environ.get("MINIRL_PROFILE") or ("gpu" if torch.cuda.is_available() else "cpu")
+    choice("profile", name, PROFILES)
+    if name == "gpu" and not torch.cuda.is_available():
+        raise ValueError("profile 'gpu' needs a CUDA device; use profile 'cpu'")
+    return PROFILES[name]
+
+
+def set_seed(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA): the same seed on the same machine gives the same numbers."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class RLConfig:
+    """Every switch of the RL loop. Presets for each algorithm live in ``ALGORITHMS``; see ``make_config``."""
+
+    algo: str = "grpo"  # name of the preset this config came from (informational)
+    seed: int = 0  # seeds prompt order, sampling and initialisation of the critic
+    steps: int = 60  # RL steps (one rollout each)
+    prompts_per_step: int = 8  # prompts per rollout; the batch is prompts_per_step * group_size completions
+    group_size: int = 8  # G, completions per prompt
+    max_new_tokens: int = 40  # completion budget (L_max of DAPO's overlong shaping)
+    temperature: float = 1.0  # sampling temperature, also used for every log-prob
+    lr: float = 1e-4  # policy learning rate (AdamW); the tiny models collapse from about 3e-4 up
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # gradient clipping of the policy (and critic)
+    num_iterations: int = 1  # epochs over each rollout (GRPO's mu)
+    num_minibatches: int = 2  # optimiser steps per epoch (split by groups); > 1 makes later ratios differ from 1
+    micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: the minibatch
+    # --- advantages
+    advantage: str = "group"  # "group" (GRPO family) or "gae" (PPO, needs the critic)
+    adv_scale: str = "group"  # group advantages: "group" std, "batch" std, or "none" (Dr. GRPO)
+    adv_eps: float = 1e-4
+    whiten_advantages: bool = True  # PPO: whiten GAE advantages over the batch
+    gamma: float = 1.0  # PPO discount
+    lam: float = 0.95  # GAE lambda
+    # --- policy loss
+    level: str = "token"  # "token", "sequence" (GSPO) or "sequence-token" (GSPO-token)
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    agg: str = "seq-mean-token-mean"  # see losses.AGGREGATIONS
+    # --- KL to the reference
+    beta: float = 0.0  # KL coefficient; 0 disables the reference model
+    kl_estimator: str = "k3"  # "k1", "k2" or "k3"
+    kl_placement: str = "loss"  # "loss" (differentiated) or "reward" (detached, reward-to-go)
+    adaptive_kl: bool = False  # PPO's adaptive controller (Ziegler et al. 2019) instead of a fixed beta
+    target_kl: float = 0.05  # nats per sequence, for the adaptive controller
+    kl_horizon: int = 1000  # samples, for the adaptive controller
+    # --- DAPO
+    dynamic_sampling: bool = False  # keep only groups with non-identical accuracy, over-sampling to fill the batch
+    gen_prompts_per_round: int | None = None  # prompts per generation round when over-sampling (None: prompts_per_step)
+    max_gen_batches: int = 4  # rounds before dynamic sampling gives up with an error
+    allow_partial_batch: bool = False  # when rounds run out, train on the groups found instead of raising
+    overlong_shaping: bool = False  # add rewards.overlong_penalty to the task reward
+    overlong_cache_len: int = 8  # L_cache of the penalty ramp
+    overlong_filter: bool = False  # mask the loss of truncated completions
+    # --- PPO critic
+    value_lr: float = 1e-3  # the critic's learning rate: its own parameter group in the one AdamW (no vf_coef:
+    # the critic shares no parameter with the policy, so under Adam a loss coefficient would be nearly a no-op)
+    value_clip: float | None = 0.2
+    # --- MoE
+    routing_replay: bool = False  # record the rollout's experts and force them in training forwards
+    # --- logging
+    eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
+    eval_samples_per_prompt: int = 1
+    progress: bool = True  # tqdm bar
+
+    def validate(self) -> None:
+        """Raise ValueError naming the field for any invalid setting."""
+        choice("advantage", self.advantage, ("group", "gae"))
+        choice("adv_scale", self.adv_scale, advantages.SCALES)
+        choice("level", self.level, losses.LEVELS)
+        choice("agg", self.agg, losses.AGGREGATIONS)
+        choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
+        choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "num_iterations",
+                     "num_minibatches", "max_gen_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.advantage == "group" and self.group_size < 2:
+            raise ValueError(f"group advantages need group_size >= 2, got {self.group_size}")
+        if self.prompts_per_step % self.num_minibatches:
+            raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by "
+                             f"num_minibatches={self.num_minibatches} (minibatches split the rollout by groups)")
+        if self.beta < 0 or self.temperature <= 0 or self.lr <= 0:
+            raise ValueError(f"need beta >= 0, temperature > 0, lr > 0; got {self.beta}, {self.temperature}, "
+                             f"{self.lr}")
+        if self.level == "sequence" and self.agg != "seq-mean-token-mean":
+            raise ValueError("level='sequence' (GSPO) has one term per sequence: agg must be 'seq-mean-token-mean'")
+        if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
+            raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
+        if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
+            raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
+                             f"got {self.overlong_cache_len}")
+
+
+# One row per algorithm: the switches it changes relative to the RLConfig defaults, with the paper each value comes
+# from (beta and lengths scaled to the tiny task). The same algorithms in TRL and verl: ``ENGINE_EQUIVALENTS``.
+ALGORITHMS: dict[str, dict] = {
+    # PPO, Schulman et al. 2017; RLHF form: Ziegler et al. 2019, Ouyang et al. 2022 (critic, GAE, k1 in the reward)
+    "ppo": dict(advantage="gae", agg="token-mean", eps_low=0.2, eps_high=0.2, beta=0.05, kl_estimator="k1",
+                kl_placement="reward", whiten_advantages=True),
+    # GRPO, Shao et al. 2024 (DeepSeekMath): group mean/std, k3 in the loss with beta 0.04, per-sequence token mean
+    "grpo": dict(advantage="group", adv_scale="group", agg="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
+                 beta=0.04, kl_estimator="k3", kl_placement="loss"),
+    # Dr. GRPO, Liu et al. 2025: no std division AND a constant normaliser; no KL
+    "dr_grpo": dict(advantage="group", adv_scale="none", agg="seq-mean-token-sum-norm", eps_low=0.2, eps_high=0.2,
+                    beta=0.0),
+    # DAPO, Yu et al. 2025: clip-higher, dynamic sampling, token-level loss, overlong shaping; no KL
+    "dapo": dict(advantage="group", adv_scale="group", agg="token-mean", eps_low=0.2, eps_high=0.28, beta=0.0,
+                 dynamic_sampling=True, overlong_shaping=True, overlong_filter=False),
+    # GSPO, Zheng et al. 2025: sequence-level geometric-mean ratio, clip 3e-4 / 4e-4; no KL
+    "gspo": dict(advantage="group", adv_scale="group", level="sequence", agg="seq-mean-token-mean", eps_low=3e-4,
+                 eps_high=4e-4, beta=0.0),
+    # GSPO-token, Zheng et al. 2025, eq. 13: GSPO's value and gradient for per-sequence advantages
+    "gspo_token": dict(advantage="group", adv_scale="group", level="sequence-token", agg="seq-mean-token-mean",
+                       eps_low=3e-4, eps_high=4e-4, beta=0.0),
+}
+
+#: Where a reader finds each preset in the engines minirl readers move to (TRL 1.x, verl 0.5+); a map, not code
+#: that runs. Where the engines use other words for the same switch, README.md's name table translates.
+ENGINE_EQUIVALENTS: dict[str, dict[str, str]] = {
+    "ppo": {"trl": "PPOTrainer (trl.experimental.ppo): kl_coef=0.05, cliprange=0.2, gamma=1, lam=0.95",
+            "verl": "algorithm.adv_estimator=gae algorithm.use_kl_in_reward=True algorithm.kl_penalty=kl"},
+    "grpo": {"trl": "GRPOConfig(beta=0.04, epsilon=0.2, loss_type='grpo', scale_rewards='group')",
+             "verl": "algorithm.adv_estimator=grpo actor.use_kl_loss=True actor.kl_loss_type=low_var_kl "
+                     "actor.loss_agg_mode=seq-mean-token-mean"},
+    "dr_grpo": {"trl": "GRPOConfig(loss_type='dr_grpo', scale_rewards='none', beta=0)",
+                "verl": "algorithm.norm_adv_by_std_in_grpo=False actor.loss_agg_mode=seq-mean-token-sum-norm"},
+    "dapo": {"trl": "GRPOConfig(loss_type='dapo', epsilon_high=0.28, mask_truncated_completions=False, beta=0); "
+                    "no dynamic sampling in TRL",
+             "verl": "actor.clip_ratio_high=0.28 actor.loss_agg_mode=token-mean algorithm.filter_groups.enable=True "
+                     "reward_model.overlong_buffer.enable=True"},
+    "gspo": {"trl": "GRPOConfig(importance_sampling_level='sequence', epsilon=3e-4, epsilon_high=4e-4, beta=0)",
+             "verl": "actor.policy_loss.loss_mode=gspo actor.clip_ratio_low=3e-4 actor.clip_ratio_high=4e-4"},
+    "gspo_token": {"trl": "trl.experimental GSPO-token trainer (importance_sampling_level='sequence_token' is not in "
+                          "core GRPOConfig)",
+                   "verl": "actor.policy_loss.loss_mode=gspo (token form)"},
+}
+
+
+
+
+def make_config(algo: str = "grpo", **overrides) -> RLConfig:
+    """An ``RLConfig`` for a preset of ``ALGORITHMS``, with any field overridden.
+
+    Raises:
+        ValueError: for an unknown algorithm or field, or an invalid setting.
+    """
+    choice("algorithm", algo, ALGORITHMS)
+    fields = {f.name for f in dataclasses.fields(RLConfig)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise ValueError(f"unknown RLConfig field(s) {sorted(unknown)}")
+    cfg = RLConfig(**{**ALGORITHMS[algo], **overrides, "algo": algo})
+    cfg.validate()
+    return cfg
+
+
+def algorithms_table() -> str:
+    """The ALGORITHMS presets as a markdown table of the switches that differ."""
+    keys = ["advantage", "adv_scale", "level", "eps_low", "eps_high", "agg", "beta", "kl_estimator",
+            "kl_placement", "dynamic_sampling", "overlong_shaping"]
+    rows = ["| algo | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+    for name in ALGORITHMS:
+        c = make_config(name)
+        rows.append(f"| {name} | " + " | ".join(str(getattr(c, k)) for k in keys) + " |")
+    return "\n".join(rows)

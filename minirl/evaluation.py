@@ -1,0 +1,189 @@
+"""Measurements of a model, kept apart from the math: held-out accuracy, the true KL to the reference on fresh
+samples, and the memory a training state holds.
+
+Each measurement forks the random number generators, so measuring during training does not change its course.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import tasks
+from .kl import exact_token_kl
+from .rewards import score_completions
+from .rollout import completion_logits, dataset_columns, generate
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False,
+             samples_per_prompt: int = 1, batch_size: int = 256, seed: int | None = 0, reward_fn=None) -> dict:
+    """Held-out accuracy of the model on a split, sampled at ``temperature`` or greedy.
+
+    Args:
+        dataset: a Dataset with a ``prompt`` column and the columns ``reward_fn`` reads (e.g.
+            ``tasks.load_split("test")``, with ``answer``).
+        max_new_tokens: the completion budget.
+        temperature: sampling temperature (ignored when greedy).
+        greedy: argmax decoding.
+        samples_per_prompt: completions per prompt when sampling (more gives a less noisy estimate).
+        batch_size: prompts per generate call.
+        seed: seeds torch before sampling so evaluations are repeatable (None: leave the RNG alone). The global
+            RNG state is restored afterwards, so evaluating does not change the course of training.
+        reward_fn: a reward function in TRL's form, or a list of them (see ``rewards.score_completions``); None is
+            the running-sums task's 0/1 reward, ``tasks.running_sums_reward``.
+
+    Returns:
+        dict with accuracy (the mean reward over the completions: for a 0/1 reward, the share that is right),
+        accuracy_stderr (its standard error over completions), mean_length (tokens, EOS included),
+        truncated_rate, n (completions) and, for the running-sums task, format_rate.
+    """
+    k = 1 if greedy else samples_per_prompt
+    scores, lengths, truncated, formatted = [], [], [], []
+    prompts = list(dataset["prompt"])
+    with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
+        if seed is not None:
+            torch.manual_seed(seed)
+        for i in range(0, len(prompts), batch_size):
+            rows = dataset.select(range(i, min(i + batch_size, len(prompts))))
+            r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature, greedy)
+            r.columns = dataset_columns(rows, r.prompt_index)
+            scores.append(score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
+                                            r.columns))
+            formatted += [tasks.parse_answer(c) is not None for c in r.completions]
+            lengths.append(r.lengths)
+            truncated.append(r.truncated)
+    scores = torch.cat(scores)  # (n,)
+    n = scores.numel()
+    out = {"accuracy": float(scores.mean()),
+           "accuracy_stderr": float(scores.std() / n ** 0.5) if n > 1 else float("nan"),
+           "mean_length": float(torch.cat(lengths).mean()),
+           "truncated_rate": float(torch.cat(truncated).float().mean()), "n": n}
+    if reward_fn is None:
+        out["format_rate"] = sum(formatted) / n
+    return out
+
+
+def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) -> dict:
+    """Held-out metrics the training loops log before training (step 0), every cfg.eval_every steps and at the end:
+    accuracy sampled at cfg.temperature and greedy. {} without eval data or when ``step`` is not on that schedule."""
+    due = step == 0 or step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
+    if eval_data is None or not due:
+        return {}
+    sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
+                       samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn)
+    greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn)
+    return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
+            "eval_greedy_accuracy": greedy["accuracy"], "eval_length": sampled["mean_length"],
+            **({"eval_format": sampled["format_rate"]} if "format_rate" in sampled else {})}
+
+
+def memory_held(model, optimizer=None, ref_model=None) -> dict:
+    """Bytes held by the training state, counted from the live tensors (each storage once; tied weights once).
+
+    Returns:
+        dict of memory_policy_bytes (parameters), memory_grad_bytes, memory_optimizer_bytes (e.g. AdamW's two
+        moments), memory_reference_bytes (0 without a reference model) and memory_total_bytes. Activations are
+        not included: they come and go within a step.
+    """
+    def nbytes(tensors) -> int:
+        seen, total = set(), 0
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                seen.add(t.untyped_storage().data_ptr())
+                total += t.untyped_storage().nbytes()
+        return total
+
+    params = list(model.parameters())
+    out = {"memory_policy_bytes": nbytes(params),
+           "memory_grad_bytes": nbytes(p.grad for p in params if p.grad is not None),
+           "memory_optimizer_bytes": nbytes(v for s in (optimizer.state.values() if optimizer else [])
+                                            for v in s.values()),
+           "memory_reference_bytes": nbytes(ref_model.parameters()) if ref_model is not None else 0}
+    out["memory_total_bytes"] = sum(out.values())
+    return out
+
+
+@torch.no_grad()
+def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, temperature: float = 1.0
+                ) -> tuple[Tensor, Tensor]:
+    """The TRUE KL(pi || ref) of each sampled completion: exact per-position KL summed over its valid tokens.
+
+    For completions y sampled from pi, KL_seq(x) = E_y[sum_t KL(pi(. | x, y_<t) || ref(. | x, y_<t))] by the chain
+    rule, so the per-row sum returned here is an unbiased estimate of the sequence KL of its prompt, with the same
+    mean as the sum of ``k1`` over the row but a much smaller variance (no token is sampled at the position
+    itself). Average it over rows (and prompts) for the policy's KL to the reference. This is a *measurement*,
+    computed without gradient; it is not what any placement differentiates.
+
+    Args:
+        model: the policy pi (a causal LM).
+        ref_model: the reference (same tokenizer).
+        rollout: a ``rollout.Rollout`` sampled from ``model`` at ``temperature`` (fresh samples, not the training
+            batch, to measure the policy as it is now).
+        temperature: the sampling temperature (> 0); both models' distributions are taken at it.
+
+    Returns:
+        (kl, entropy): kl (B,) nats per completion; entropy (B,) the policy's exact next-token entropy summed over
+        the same positions (nats per completion). Divide by ``rollout.lengths`` for per-token figures.
+
+    Raises:
+        ValueError: if temperature <= 0 (via ``exact_token_kl``).
+
+    Source: chain rule of the KL divergence (Cover & Thomas, Elements of Information Theory, thm. 2.5.3).
+    """
+    P, mask = rollout.n_prompt_tokens, rollout.completion_mask  # mask (B, T)
+    logits = completion_logits(model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
+    ref_logits = completion_logits(ref_model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
+    kl_t = exact_token_kl(logits, ref_logits, temperature)  # (B, T)
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
+    entropy_t = -(logp.exp() * logp).sum(-1)  # (B, T)
+    return (kl_t * mask).sum(-1), (entropy_t * mask).sum(-1)
+
+
+def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, samples_per_prompt: int,
+                    max_new_tokens: int, temperature: float = 1.0, seed: int = 0, answers=None) -> dict:
+    """Sample fresh completions from ``model`` and measure its true KL to ``ref_model`` on them (``sequence_kl``).
+
+    The global torch RNG is saved and restored around the sampling, so measuring during training (e.g. from a
+    ``train_rl`` callback) does not change the course of training; with the same seed the same prompts are
+    answered with the same random numbers at every measurement.
+
+    Args:
+        model: the policy.
+        ref_model: the reference.
+        tokenizer: their tokenizer.
+        prompts: N prompt strings (e.g. held-out prompts).
+        samples_per_prompt: completions per prompt (>= 1).
+        max_new_tokens: completion budget.
+        temperature: sampling temperature (> 0).
+        seed: seed of the sampling.
+        answers: optional N answers (``tasks`` records); when given, the same fresh completions are also scored
+            and the dict holds their accuracy.
+
+    Returns:
+        dict with kl (mean nats per completion), kl_stderr (its standard error over completions), kl_per_token
+        (total KL / total valid tokens), entropy (the policy's mean next-token entropy, nats per token),
+        length (mean tokens per completion, EOS included), n (completions) and, with answers, accuracy.
+
+    Raises:
+        ValueError: on an empty prompt list, samples_per_prompt < 1 or temperature <= 0 (from ``rollout.generate``).
+    """
+    prompts = list(prompts)
+    was_training = model.training
+    model.eval()
+    with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
+        torch.manual_seed(seed)
+        batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature)
+    kl, entropy = sequence_kl(model, ref_model, batch, temperature)  # (B,), (B,)
+    model.train(was_training)
+    n_tok = batch.lengths.sum().clamp(min=1)
+    out = {"kl": float(kl.mean()), "kl_stderr": float(kl.std() / len(kl) ** 0.5) if len(kl) > 1 else float("nan"),
+           "kl_per_token": float(kl.sum() / n_tok), "entropy": float(entropy.sum() / n_tok),
+           "length": float(batch.lengths.float().mean()), "n": len(kl)}
+    if answers is not None:
+        answers = list(answers)
+        if len(answers) != len(prompts):
+            raise ValueError(f"answers must have one entry per prompt ({len(prompts)}), got {len(answers)}")
+        hits = [tasks.score(c, answers[i // samples_per_prompt]).correct for i, c in enumerate(batch.completions)]
+        out["accuracy"] = sum(hits) / len(hits)
+    return out

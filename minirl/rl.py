@@ -1,0 +1,364 @@
+"""The RL loop: one function, ``train_rl``, serves PPO, GRPO, Dr. GRPO, DAPO, GSPO and GSPO-token.
+
+Every step runs five stages, each a few lines that call a named function defined below in reading order:
+
+  1. rollout     G completions per prompt and their behaviour log-probs (dynamic sampling repeats 1-2)
+  2. reward      the reward functions' scores (+ DAPO's overlong shaping) (+ the KL penalty, if it is a reward)
+  3. advantages  group-relative, or GAE with the critic
+  4. optimise    epochs x minibatches of ``update_minibatch``: pg_loss + beta * kl_loss (+ value_loss)
+  5. log         one row of metrics into History
+
+What differs between the algorithms is a handful of ``RLConfig`` switches (``config.ALGORITHMS``).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
+
+from . import advantages as adv
+from . import kl, losses, models, rewards, rollout, sampling, tasks
+from .config import PROGRESS_INTERVAL, RLConfig, set_seed
+from .evaluation import eval_metrics
+from .history import History
+from .moe import Routes, record_routing, replay_routing
+
+
+def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
+             reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None
+             ) -> History:
+    """Train ``model`` in place with the algorithm that ``cfg`` describes; return the per-step History.
+
+    Args:
+        model: the policy (a causal LM), trained in place.
+        tokenizer: its tokenizer.
+        cfg: an RLConfig (``config.make_config(algo, ...)``).
+        train_data: a ``datasets.Dataset`` with a ``prompt`` column and whatever columns the reward reads.
+        eval_data: optional held-out Dataset; the mean reward (sampled at cfg.temperature, and greedy) is logged
+            before training, every ``cfg.eval_every`` steps and at the end.
+        reward_fn: ``reward_fn(prompts, completions, **columns) -> list[float]`` (TRL's form), or a list of them;
+            None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
+        reward_weights: one weight per reward function (default 1 each).
+        ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
+        critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
+        callback: called as ``callback(step, row)`` after each step.
+
+    Returns:
+        History with one row per step (and held-out metrics on the rows where they were measured).
+
+    Raises:
+        ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns
+            None; RuntimeError when dynamic sampling runs out of rounds.
+
+    Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
+    algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
+    """
+    cfg.validate()
+    if "prompt" not in train_data.column_names:
+        raise ValueError(f"train_data needs a 'prompt' column, got columns {train_data.column_names}")
+    reward_fn = reward_fn or tasks.running_sums_reward
+    set_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    ref_model = reference_model(model, ref_model, cfg)
+    if critic is None and cfg.advantage == "gae":
+        critic = models.ValueModel(model).to(next(model.parameters()).device)
+    optimizer = make_optimizer(model, critic, cfg)
+    beta, history = cfg.beta, History()
+    if eval_data is not None:
+        history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn))
+
+    for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress, mininterval=PROGRESS_INTERVAL):
+        t0 = time.time()
+        # 1-2. rollout and reward: G completions per prompt, scored (dynamic sampling repeats both)
+        batch, scores, gen_stats = collect(model, tokenizer, train_data, cfg, reward_fn, reward_weights, gen)
+        old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg)  # (B, T) each
+        mask = batch.completion_mask  # (B, T)
+        total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
+        kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
+        if ref_logprobs is not None:
+            kl_tokens = kl.kl_estimate(old_logprobs, ref_logprobs, cfg.kl_estimator) * mask
+        t_gen = time.time() - t0
+        # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
+        advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta, critic)
+        rl_batch = RLBatch(batch.input_ids, batch.attention_mask, mask, loss_mask(batch, cfg), old_logprobs,
+                           advantages, ref_logprobs, old_values, returns, routes, batch.n_prompt_tokens)
+        # 4. optimise: epochs x minibatches (split by groups), one optimiser step each
+        t_opt = time.time()
+        stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic)
+                 for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
+        t_opt = time.time() - t_opt
+        # 5. log
+        row = step_metrics(step, stats, scores, total_rewards, batch, kl_tokens, gen_stats, beta, old_values,
+                           returns, time.time() - t0, t_gen, t_opt)
+        if cfg.adaptive_kl and kl_tokens is not None:
+            beta = adaptive_kl_beta(beta, row["kl_ref_seq"], cfg.target_kl, cfg.kl_horizon, len(rl_batch))
+        row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn))
+        history.log(**row)
+        if callback is not None:
+            callback(step, row)
+    return history
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def reference_model(model, ref_model, cfg: RLConfig):
+    """The frozen reference: the one given, or a copy of the policy when beta > 0 needs one; None otherwise."""
+    if ref_model is None and cfg.beta > 0:
+        ref_model = copy.deepcopy(model)
+    if ref_model is not None:
+        ref_model.eval().requires_grad_(False)
+    return ref_model
+
+
+def make_optimizer(model, critic, cfg: RLConfig) -> torch.optim.Optimizer:
+    """One AdamW over the policy (lr) and, for PPO, the critic (value_lr) as a second parameter group."""
+    groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
+    if critic is not None:
+        groups.append({"params": list(critic.parameters()), "lr": cfg.value_lr})
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+# ------------------------------------------------------------------------------------------------ 1-2. rollout, reward
+def collect(model, tokenizer, train_data, cfg: RLConfig, reward_fn, reward_weights, gen: torch.Generator
+            ) -> tuple[rollout.Rollout, Tensor, dict]:
+    """Stages 1-2: prompts_per_step groups of G completions and their (B,) scores, with dynamic sampling
+    (DAPO) when switched on: rounds of sampling and scoring until prompts_per_step groups have signal.
+
+    Returns:
+        (rollout, scores (B,), generation stats: rounds, samples, share of useful groups).
+    """
+    G = cfg.group_size
+
+    def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
+        rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
+        r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, cfg.temperature)
+        r.columns = rollout.dataset_columns(rows, r.prompt_index)
+        s = rewards.score_completions(reward_fn, r.prompts, r.completions, r.columns, reward_weights)  # (B,)
+        return s, (r, s)
+
+    if not cfg.dynamic_sampling:
+        scores, (batch, _) = one_round(0, cfg.prompts_per_step)
+        signal = sampling.has_signal(scores, G)
+        return batch, scores, {"gen_rounds": 1, "gen_samples": scores.numel(),
+                               "useful_groups": float(signal.float().mean()),
+                               "useful_groups_in_batch": int(signal.sum())}
+    per_round = cfg.gen_prompts_per_round or cfg.prompts_per_step
+    ds = sampling.dynamic_sampling(lambda i: one_round(i, per_round), cfg.prompts_per_step, G, cfg.max_gen_batches,
+                                   cfg.allow_partial_batch)
+    if not ds.picks:
+        raise RuntimeError("dynamic sampling kept no group at all; nothing to train on")
+    parts = [rollout.select_groups(r, groups) for (r, _), groups in ds.picks]
+    scores = torch.cat([s.view(-1, G)[groups].flatten() for (_, s), groups in ds.picks])
+    # useful_groups: share of GENERATED groups with signal (kept or not), as without dynamic sampling;
+    # useful_groups_in_batch: groups with signal among those trained on (= prompts_per_step unless partial)
+    return rollout.concat(parts, tokenizer.pad_token_id), scores, {
+        "gen_rounds": ds.rounds, "gen_samples": ds.samples,
+        "useful_groups": ds.groups_with_signal / max(ds.groups_seen, 1), "useful_groups_in_batch": ds.groups_kept}
+
+
+@torch.no_grad()
+def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
+                       ) -> tuple[Tensor, Tensor | None, Routes | None]:
+    """(B, T) log-probs of the sampled tokens under pi_old and the reference (None without one), masked; with
+    routing replay, pi_old's are recomputed on the final batch while its experts are recorded (the routes)."""
+    mask, P = batch.completion_mask, batch.n_prompt_tokens
+    old_logprobs, routes = batch.logprobs, None
+    if cfg.routing_replay:
+        with record_routing(model) as routes:
+            old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P, cfg.temperature)
+        old_logprobs = old_logprobs * mask
+    ref_logprobs = None
+    if ref_model is not None:
+        ref_logprobs = rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
+                                              cfg.temperature) * mask
+    return old_logprobs, ref_logprobs, routes
+
+
+def shape_rewards(scores: Tensor, batch: rollout.Rollout, cfg: RLConfig) -> Tensor:
+    """(B,) the reward the advantages see: the scores, plus DAPO's overlong penalty when switched on."""
+    if cfg.overlong_shaping:
+        scores = scores + rewards.overlong_penalty(batch.lengths, cfg.max_new_tokens, cfg.overlong_cache_len)
+    return scores.to(batch.completion_mask.device)
+
+
+# ------------------------------------------------------------------------------------------------ 3. advantages
+@torch.no_grad()
+def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: rollout.Rollout, cfg: RLConfig,
+                       beta: float, critic=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Stage 3: (advantages, returns, old_values). Advantages are (B,) for an outcome reward, (B, T) when the
+    reward has per-token parts (PPO's GAE, or a KL penalty in the reward); returns and old_values (B, T) for
+    PPO's critic, else None.
+
+    Source: GAE, Schulman et al. 2016, eq. 16; GRPO, Shao et al. 2024, section 4.1.2; Dr. GRPO, Liu et al. 2025.
+    """
+    mask = batch.completion_mask
+    kl_in_reward = kl_tokens is not None and beta > 0 and cfg.kl_placement == "reward"
+    if cfg.advantage == "gae":
+        token_rewards = rewards.token_level_rewards(total_rewards, mask)  # (B, T) score on the last token
+        if kl_in_reward:
+            token_rewards = token_rewards - beta * kl_tokens  # r_t - beta * k(t), detached
+        old_values = models.token_values(critic, batch.input_ids, batch.attention_mask, batch.n_prompt_tokens) * mask
+        advantages, returns = adv.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
+        return (adv.whiten(advantages, mask) if cfg.whiten_advantages else advantages), returns, old_values
+    if kl_in_reward:  # group baseline of the outcome, KL penalties summed to go
+        return adv.group_advantages_to_go(total_rewards, beta * kl_tokens, mask, cfg.group_size, cfg.adv_scale,
+                                          cfg.adv_eps), None, None
+    return adv.group_advantages(total_rewards, cfg.group_size, cfg.adv_scale, cfg.adv_eps), None, None
+
+
+def loss_mask(batch: rollout.Rollout, cfg: RLConfig) -> Tensor:
+    """(B, T) the tokens that count in the loss: the completion mask, minus truncated rows under DAPO's
+    overlong filtering."""
+    if not cfg.overlong_filter:
+        return batch.completion_mask
+    return batch.completion_mask * (~batch.truncated).float().unsqueeze(1).to(batch.completion_mask.device)
+
+
+# ------------------------------------------------------------------------------------------------ 4. optimise
+@dataclass
+class RLBatch:
+    """The stage data of one rollout that the update reads, row-aligned: ``batch[rows]`` picks a minibatch or
+    micro-batch of every field at once, recorded routes included. B rows, T completion tokens, P prompt tokens."""
+
+    input_ids: Tensor  # (B, P + T) prompt + completion
+    attention_mask: Tensor  # (B, P + T)
+    completion_mask: Tensor  # (B, T) 1 up to and including EOS
+    loss_mask: Tensor  # (B, T) the tokens that count in the loss (completion mask, maybe overlong-filtered)
+    old_logprobs: Tensor  # (B, T) pi_old, at the sampling temperature
+    advantages: Tensor  # (B,) or (B, T)
+    ref_logprobs: Tensor | None = None  # (B, T) the reference's, when there is one
+    old_values: Tensor | None = None  # (B, T) the critic's at rollout time (PPO)
+    returns: Tensor | None = None  # (B, T) the critic's regression targets (PPO)
+    routes: Routes | None = None  # recorded MoE routing of pi_old's forward (routing replay)
+    n_prompt_tokens: int = 0  # P
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def __getitem__(self, rows: Tensor) -> RLBatch:
+        picked = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in picked.items():
+            if isinstance(value, Tensor):
+                picked[name] = value[rows]
+        picked["routes"] = None if self.routes is None else self.routes.select(rows)
+        return replace(self, **picked)
+
+    def split(self, size: int) -> Iterator[RLBatch]:
+        """Consecutive micro-batches of at most ``size`` rows."""
+        for rows in torch.arange(len(self), device=self.input_ids.device).split(size):
+            yield self[rows]
+
+
+def minibatches(n_rows: int, cfg: RLConfig, gen: torch.Generator) -> list[Tensor]:
+    """A fresh random split of the rollout's groups into cfg.num_minibatches minibatches; row indices of each
+    (a group's G rows stay together, so group statistics are never split)."""
+    G = cfg.group_size
+    order = torch.randperm(n_rows // G, generator=gen)
+    return [(groups.unsqueeze(1) * G + torch.arange(G)).flatten() for groups in order.chunk(cfg.num_minibatches)]
+
+
+def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, beta: float, critic=None) -> dict:
+    """One optimiser step on ``minibatch``, accumulating gradients over micro-batches of cfg.micro_batch_size rows.
+
+    The objective is pg_loss + beta * kl_loss (KL in the loss) + value_loss (PPO's critic, which shares no
+    parameter with the policy). Every term is divided by the WHOLE minibatch's count (tokens or sequences, see
+    ``loss_denominator``), so the micro-batch losses add up to exactly the minibatch's loss whatever their size.
+
+    Returns:
+        dict of floats: the policy loss's stats (clip fractions, ratios, approx_kl), loss, value_loss (PPO),
+        entropy (nats per token, at the sampling temperature) and grad_norm (before clipping).
+    """
+    denominator = loss_denominator(minibatch.loss_mask, cfg)
+    n_tokens = float(minibatch.loss_mask.sum().clamp(min=1))  # the value loss is a token mean
+    optimizer.zero_grad(set_to_none=True)
+    stats, entropy_sum = [], 0.0
+    for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
+        logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
+        pg_loss, st = losses.policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
+                                         cfg.eps_low, cfg.eps_high, cfg.level, cfg.agg, cfg.dual_clip,
+                                         cfg.max_new_tokens, denominator)
+        kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
+        value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
+        loss = pg_loss + beta * kl_loss + value_loss  # the whole objective
+        loss.backward()
+        stats.append({**st, **vst, "loss": float((pg_loss + beta * kl_loss).detach())})
+        entropy_sum += float((entropy.detach() * micro.completion_mask).sum())
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # once, after accumulation
+    if critic is not None:
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0] if k not in ("loss", "value_loss")}
+    out.update(loss=sum(s["loss"] for s in stats), grad_norm=float(grad_norm),
+               entropy=entropy_sum / max(float(minibatch.completion_mask.sum()), 1.0))
+    if critic is not None:
+        out["value_loss"] = sum(s["value_loss"] for s in stats)
+    return out
+
+
+def loss_denominator(mask: Tensor, cfg: RLConfig) -> float:
+    """The minibatch's count the aggregation divides by: valid tokens for token-mean, valid sequences otherwise
+    (GSPO always counts sequences); at least 1, so an all-masked minibatch has loss 0."""
+    if cfg.agg == "token-mean" and cfg.level != "sequence":
+        return max(float(mask.sum()), 1.0)
+    return max(float((mask.sum(-1) > 0).sum()), 1.0)
+
+
+def policy_logprobs(model, micro: RLBatch, temperature: float) -> tuple[Tensor, Tensor]:
+    """(b, T) log-probs (with grad) and entropies of the micro-batch under the current policy; with recorded
+    routes, the MoE experts of pi_old's forward are forced (routing replay)."""
+    args = (model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens, temperature)
+    if micro.routes is None:
+        return rollout.token_logprobs(*args, return_entropy=True)
+    with replay_routing(model, micro.routes):
+        return rollout.token_logprobs(*args, return_entropy=True)
+
+
+def kl_loss_term(logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: float) -> Tensor:
+    """The KL in the loss: the per-token estimate, differentiated, aggregated like the policy loss (by sequence
+    under GSPO, whose policy loss has one term per sequence)."""
+    agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
+    return losses.aggregate(kl.kl_in_loss(logprobs, micro.ref_logprobs, cfg.kl_estimator), micro.loss_mask, agg,
+                            cfg.max_new_tokens, denominator)
+
+
+def value_loss_term(critic, micro: RLBatch, cfg: RLConfig, n_tokens: float) -> tuple[Tensor, dict]:
+    """PPO's clipped value loss of the micro-batch, divided by the whole minibatch's token count."""
+    values = models.token_values(critic, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens)  # (b, T)
+    value_loss, st = losses.value_loss(values, micro.old_values, micro.returns, micro.loss_mask, cfg.value_clip,
+                                       "token-mean", n_tokens)
+    return value_loss, {**st, "value_loss": float(value_loss.detach())}
+
+
+# ------------------------------------------------------------------------------------------------ 5. log
+def step_metrics(step: int, stats: list[dict], scores: Tensor, total_rewards: Tensor, batch: rollout.Rollout,
+                 kl_tokens: Tensor | None, gen_stats: dict, beta: float, old_values, returns, seconds: float,
+                 t_gen: float, t_opt: float) -> dict:
+    """One History row: the minibatch stats averaged, the rollout's rewards and lengths, KL to the reference
+    per token and per sequence (nats), the critic's explained variance (PPO), and the step's timings (s)."""
+    mask = batch.completion_mask
+    row = dict(step=step, reward=float(total_rewards.mean()), score=float(scores.mean()),
+               completion_length=float(batch.lengths.float().mean()),
+               truncated_rate=float(batch.truncated.float().mean()), **gen_stats,
+               **{k: float(np.mean([s[k] for s in stats if k in s])) for k in stats[0]},
+               time=seconds, time_generate=t_gen, time_optimise=t_opt, beta=beta)
+    if kl_tokens is not None:
+        row["kl_ref"] = float(kl_tokens.sum() / mask.sum().clamp(min=1))  # nats per token
+        row["kl_ref_seq"] = float(kl_tokens.sum() / mask.shape[0])  # nats per sequence
+    if returns is not None:
+        row["explained_variance"] = adv.explained_variance(old_values, returns, mask)
+    return row
+
+
+def adaptive_kl_beta(beta: float, observed_kl: float, target_kl: float, horizon: int, n_samples: int) -> float:
+    """One update of PPO's adaptive KL controller: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon.
+
+    Source: Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences"), section 2.2, eq. 2.
+    """
+    error = max(-0.2, min(0.2, observed_kl / target_kl - 1))
+    return beta * (1 + error * n_samples / horizon)
