@@ -9,8 +9,8 @@ if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_
 import matplotlib.pyplot as plt  # noqa: E402
 
 PANELS = [
-    ("reward / accuracy", [("accuracy", "train accuracy (sampled)"), ("eval_accuracy", "held-out accuracy (sampled)"),
-                           ("eval_greedy_accuracy", "held-out accuracy (greedy)")], "share of completions"),
+    ("reward / accuracy", [("score", "train score (sampled)"), ("eval_accuracy", "held-out accuracy (sampled)"),
+                           ("eval_greedy_accuracy", "held-out accuracy (greedy)")], "mean reward (share right)"),
     ("KL to reference", [("kl_ref", "k-estimate per token")], "nats / token"),
     ("clip fraction", [("clip_frac_low", "low side"), ("clip_frac_high", "high side")], "share of tokens"),
     ("entropy", [("entropy", "policy entropy")], "nats / token"),

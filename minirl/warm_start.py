@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -59,7 +60,7 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
     gen = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))  # short warm-up
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: sft_lr_factor(s, steps))
     model.train()
     losses_ = []
     for _ in tqdm(range(steps), desc="sft", disable=not progress, mininterval=PROGRESS_INTERVAL):
@@ -74,6 +75,20 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
         sched.step()
         losses_.append(loss.item())
     return losses_
+
+
+def sft_lr_factor(step: int, steps: int, warmup: int = 20) -> float:
+    """The SFT learning-rate multiplier: a linear warm-up over ``warmup`` steps, then a cosine decay to 0.
+
+    Decaying to 0 is what makes the warm start land in the same place on every machine: with a constant rate the
+    last steps still move the weights by a full step of noise, so the final accuracy depends on which batch came
+    last and on the CPU's rounding; with the rate near 0 at the end, the run settles.
+
+    Example: steps 100, warmup 20: step 0 -> 0.05, step 19 -> 1.0, step 60 -> 0.5 (halfway through the decay).
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * (step + 1 - warmup) / max(steps - warmup, 1)))
 
 
 def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = False, steps: int | None = None,
@@ -98,7 +113,7 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     steps = profile.sft_steps if steps is None else steps
     sizes = profile.moe if moe else profile.dense
     spec = dict(kind="moe" if moe else "dense", sizes=sizes, steps=steps, bs=profile.sft_batch_size,
-                lr=profile.sft_lr, seed=seed, version=1)
+                lr=profile.sft_lr, seed=seed, version=2)
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE_DIR / "warmstart" / f"{spec['kind']}-{profile.name}-s{seed}-{key}"
     if cache and (path / "info.json").exists():
