@@ -135,7 +135,8 @@ def test_a_trl_style_reward_function_trains_one_step():
     h = rl.train_rl(model, tok, cfg, data, reward_fn=trl_reward)
     assert set(seen) == {"target"} and len(seen["target"]) == 8  # the extra column, one value per completion
     assert h.rows[-1]["step"] == 1 and math.isfinite(h.rows[-1]["loss"])
-    assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))  # the step moved the policy
+    moved = any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
+    assert moved  # the step changed the policy
 
 
 def test_train_rl_names_a_missing_prompt_column():
