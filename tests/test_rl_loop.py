@@ -284,3 +284,13 @@ def test_cli_unknown_algorithm(capsys):
         main(["train", "--algo", "foo"])
     assert e.value.code == 2
     assert "--algo" in capsys.readouterr().err
+
+
+# --- the warm start's schedule ----------------------------------------------------------------------------------------
+def test_sft_schedule_warms_up_then_decays_to_zero_by_hand():
+    f = warm_start.sft_lr_factor
+    # warm-up: (s + 1) / 20; decay: 0.5 * (1 + cos(pi * (s + 1 - 20) / (100 - 20)))
+    assert f(0, 100) == pytest.approx(0.05) and f(19, 100) == pytest.approx(1.0)
+    assert f(59, 100) == pytest.approx(0.5)  # halfway through the decay: (60 - 20) / 80 = 0.5 -> cos = 0
+    assert f(99, 100) == pytest.approx(0.0, abs=1e-12)  # the last step has (almost) no learning rate left
+    assert all(f(s, 100) >= f(s + 1, 100) for s in range(19, 99))  # monotone after the warm-up
