@@ -416,7 +416,7 @@ def _(fn, gen):
     adv, ret = fn(_t([[0.0, 0.0, 1.0]]), _t([[0.5, 0.6, 0.7]]), _t([[1, 1, 1]]), 1.0, 0.95)
     # deltas (0.1, 0.1, 0.3); A_2 = 0.3, A_1 = 0.1 + 0.95 * 0.3 = 0.385, A_0 = 0.1 + 0.95 * 0.385 = 0.46575
     _expect(adv, [[0.46575, 0.385, 0.3]], what="advantages")
-    _expect(ret, [[0.96575, 0.985, 1.0]], what="returns")  # A + V
+    _expect(ret, [[0.96575, 0.985, 1.0]], [([[1.0, 1.0, 1.0]], RETURNS_MC)], what="returns")  # A + V
 
 
 @_case(ex, "one row by hand, gamma 0.9, lam 0.8", LAM_ONLY)
@@ -686,7 +686,9 @@ def _(fn, gen):
     _expect(loss, 0.0, [(-0.5, TOKEN_MEAN_NOT_SEQ)], what="the loss")
     # row 0: -1 / 3 / 2 = -1/6 per token; row 1: +1 / 2; token-mean would give -1/4 and +1/4
     _expect(_grad(loss, lp), [[-1 / 6, -1 / 6, -1 / 6, 0], [0.5, 0, 0, 0]],
-            [([[-0.25, -0.25, -0.25, 0], [0.25, 0, 0, 0]], TOKEN_MEAN_NOT_SEQ)], what="the gradient")
+            [([[-0.25, -0.25, -0.25, 0], [0.25, 0, 0, 0]], TOKEN_MEAN_NOT_SEQ),
+             # k1 in the loss adds beta / n_i / B per token: -1/6 + 0.04/6 = -0.16 and 0.5 + 0.04/2 = 0.52
+             ([[-0.16, -0.16, -0.16, 0], [0.52, 0, 0, 0]], K1_IN_LOSS)], what="the gradient")
 
 
 @_case(ex, "the KL term alone, by hand", K3_UPSIDE_DOWN)
@@ -1051,6 +1053,17 @@ def _gspo(fn, lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
     return _loss(fn(lp, old, adv, mask, eps_low, eps_high))
 
 
+@_case(ex, "token ratios clipped, the sequence ratio inside", TOKEN_RATIOS)
+def _(fn, gen):
+    d = torch.float64
+    lp = _leaf([[-0.99, -1.01]], d)
+    loss = _gspo(fn, lp, _t([[-1.0, -1.0]], d), _t([1.0], d), _t([[1, 1]], d))
+    # log-ratios (+0.01, -0.01): s = e^0 = 1, inside: loss -1, gradient -s / 2 = -0.5 per token
+    # token level: e^0.01 clipped to 1.0004 (gradient 0), e^-0.01 = 0.990050 unclipped -> mean -0.995225
+    _expect(loss, -1.0, [(-(1.0004 + math.exp(-0.01)) / 2, TOKEN_RATIOS)], what="the loss", atol=1e-9, rtol=1e-9)
+    _expect(_grad(loss, lp), [[-0.5, -0.5]], what="the gradient", atol=1e-9, rtol=1e-9)
+
+
 @_case(ex, "the paper's scale, by hand (float64)", BROADCAST)
 def _(fn, gen):
     d = torch.float64
@@ -1061,17 +1074,6 @@ def _(fn, gen):
     s0, s1 = math.exp(1e-4), math.exp(6e-4)
     # broadcast over tokens, token-mean: (-3 * 1.00010001 + 1.00060018) / 4
     _expect(loss, (s1 - s0) / 2, [((-3 * s0 + s1) / 4, BROADCAST)], what="the loss", atol=1e-9, rtol=1e-9)
-
-
-@_case(ex, "token ratios clipped, the sequence ratio inside", TOKEN_RATIOS)
-def _(fn, gen):
-    d = torch.float64
-    lp = _leaf([[-0.99, -1.01]], d)
-    loss = _gspo(fn, lp, _t([[-1.0, -1.0]], d), _t([1.0], d), _t([[1, 1]], d))
-    # log-ratios (+0.01, -0.01): s = e^0 = 1, inside: loss -1, gradient -s / 2 = -0.5 per token
-    # token level: e^0.01 clipped to 1.0004 (gradient 0), e^-0.01 = 0.990050 unclipped -> mean -0.995225
-    _expect(loss, -1.0, [(-(1.0004 + math.exp(-0.01)) / 2, TOKEN_RATIOS)], what="the loss", atol=1e-9, rtol=1e-9)
-    _expect(_grad(loss, lp), [[-0.5, -0.5]], what="the gradient", atol=1e-9, rtol=1e-9)
 
 
 @_case(ex, "the sequence ratio clipped", "beyond 1 + eps_high with A > 0 the sequence's term is clipped: value "
@@ -1176,14 +1178,6 @@ def _softplus(x: float) -> float:
     return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
 
 
-@_case(ex, "policy equals reference", BATCH_SUM)
-def _(fn, gen):
-    lp = _t([-5.0, -7.0, -9.0])
-    # h = 0 for every pair: -log sigmoid(0) = ln 2 = 0.693147 per pair; the sum over 3 pairs: 2.079442
-    _expect(_loss(fn(lp, lp - 1, lp.clone(), lp - 1, 0.1)), math.log(2), [(3 * math.log(2), BATCH_SUM)],
-            what="the loss")
-
-
 @_case(ex, "one pair by hand, beta 0.5", BETA_OUTSIDE)
 def _(fn, gen):
     loss = _loss(fn(_t([-10.0]), _t([-12.0]), _t([-12.0]), _t([-11.0]), 0.5))
@@ -1192,6 +1186,14 @@ def _(fn, gen):
     # reference added: h = (-10 - 12) - (-12 - 11) = 1 -> softplus(-0.5) = 0.474077
     _expect(loss, _softplus(-1.5), [(0.5 * _softplus(-3.0), BETA_OUTSIDE), (_softplus(-1.0), NO_REF),
                                     (_softplus(-0.5), REF_ADDED)], what="the loss")
+
+
+@_case(ex, "policy equals reference", BATCH_SUM)
+def _(fn, gen):
+    lp = _t([-5.0, -7.0, -9.0])
+    # h = 0 for every pair: -log sigmoid(0) = ln 2 = 0.693147 per pair; the sum over 3 pairs: 2.079442
+    _expect(_loss(fn(lp, lp - 1, lp.clone(), lp - 1, 0.1)), math.log(2), [(3 * math.log(2), BATCH_SUM)],
+            what="the loss")
 
 
 @_case(ex, "gradients by hand; the reference gets none", REF_GRAD)
@@ -1220,6 +1222,13 @@ ex = _exercise("ipo_loss", "06",
                "minirl.preference.ipo_loss")
 IPO_TARGET = "IPO's target margin is 1 / (2 tau), not 1 / tau"
 IPO_SCALED = "IPO regresses the raw log-ratio margin h: no beta or tau multiplies h inside the square"
+
+
+@_case(ex, "policy equals reference, tau 0.1", IPO_TARGET)
+def _(fn, gen):
+    lp = _t([-5.0, -7.0])
+    # h = 0: (0 - 1 / (2 * 0.1))^2 = 25 per pair; target 1 / tau: 100
+    _expect(_loss(fn(lp, lp.clone(), lp.clone(), lp.clone(), 0.1)), 25.0, [(100.0, IPO_TARGET)], what="the loss")
 
 
 @_case(ex, "two pairs by hand, tau = 1/6", IPO_TARGET)
