@@ -1,0 +1,229 @@
+"""The machinery of the course kit's checker (``minirl.exercises``): ``check("gae", my_gae)`` grades a
+student's function on hidden cases.
+
+Each exercise of ``notebooks/exercises/`` asks for one function that minirl implements. The checker runs it on
+cases worked out by hand (values and gradients), on edge cases the field got wrong (groups of equal rewards,
+padding that holds garbage, empty rows, a fully masked batch, extreme log-ratios), and on random inputs compared
+with minirl's own function. The first case that fails raises ``AssertionError`` naming the case and the most
+likely mistake, recognised from the wrong value it produces ("this is the per-token mean over the whole batch:
+DAPO's mode, not GRPO's"); the message never shows how to write the function. Every named mistake has a wrong
+implementation in ``tests/test_exercises.py`` that the checker is shown to reject with that hint.
+
+Usage in a notebook::
+
+    from minirl import exercises
+    exercises.check("gae", gae)          # prints "gae: all 5 cases passed", or raises AssertionError
+    exercises.EXERCISES["gae"].case_names()   # what is checked (not how)
+
+Cases are deterministic (fixed inputs, seeded generators, tolerances of about 1e-5), so a check gives the same
+verdict on every machine and thread count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+# ----------------------------------------------------------------------------------------------------------------
+# the machinery: exercises, cases, comparisons
+
+
+class _Mismatch(Exception):
+    """Raised inside a case when the student's output is wrong. ``hint`` None means "use the case's own hint"."""
+
+    def __init__(self, hint: str | None = None, detail: str = ""):
+        super().__init__(hint or detail)
+        self.hint, self.detail = hint, detail
+
+
+@dataclass
+class Exercise:
+    """One graded function: its name, chapter, the signature the student writes, and its ordered cases.
+
+    ``cases`` holds (case name, default hint, runner) triples; the runner takes the student's function and a
+    seeded ``torch.Generator`` and raises ``_Mismatch`` when the function is wrong.
+    """
+
+    name: str
+    chapter: str
+    signature: str
+    source: str
+    cases: list[tuple[str, str, Callable]] = field(default_factory=list)
+
+    def case_names(self) -> list[str]:
+        """The names of the cases, in the order they run."""
+        return [name for name, _, _ in self.cases]
+
+
+#: Every exercise by name, in syllabus order.
+EXERCISES: dict[str, Exercise] = {}
+
+
+def _exercise(name: str, chapter: str, signature: str, source: str) -> Exercise:
+    ex = Exercise(name, chapter, signature, source)
+    EXERCISES[name] = ex
+    return ex
+
+
+def _case(ex: Exercise, name: str, hint: str):
+    """Register the decorated function as the next case of ``ex``; ``hint`` is shown when no mistake is recognised."""
+
+    def register(run: Callable) -> Callable:
+        ex.cases.append((name, hint, run))
+        return run
+
+    return register
+
+
+def list_exercises(chapter: str | None = None) -> list[str]:
+    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00" ... "06").
+
+    Returns:
+        A list of names accepted by ``check``.
+    """
+    return [n for n, ex in EXERCISES.items() if chapter is None or ex.chapter == chapter]
+
+
+def check(name: str, fn: Callable, *, seed: int = 0, quiet: bool = False) -> int:
+    """Grade ``fn`` against the hidden cases of exercise ``name``; raise AssertionError on the first failure.
+
+    The message names the exercise, the case, and the most likely mistake (recognised from the wrong value the
+    function produced when the case knows it), never the solution. On success it prints
+    "<name>: all N cases passed" and returns N, so a notebook's check cell reads ``assert check(...) == N``.
+
+    Args:
+        name: an exercise name (see ``list_exercises()``), e.g. "gae", "aggregate", "dpo_loss".
+        fn: the student's function, with the signature given in the exercise (``EXERCISES[name].signature``).
+            Losses may return the loss alone or a tuple (loss, stats), as minirl's functions do.
+        seed: seed of the random cases (the hand-worked cases do not depend on it). A teacher's hidden test can
+            rerun the check with another seed, on inputs the student has not seen.
+        quiet: do not print the success line.
+
+    Returns:
+        The number of cases passed (all of them).
+
+    Raises:
+        KeyError: if ``name`` is not an exercise.
+        TypeError: if ``fn`` is not callable.
+        AssertionError: on the first failing case (including a function that still raises NotImplementedError,
+            or raises anything else: the original exception is chained).
+
+    Source: the cases cite the equation they check in each exercise's markdown cell; the mistakes are the ones
+    the field's public bug reports describe (see notebooks/exercises/README.md).
+    """
+    if name not in EXERCISES:
+        raise KeyError(f"unknown exercise {name!r}; the exercises are {list_exercises()}")
+    if not callable(fn):
+        raise TypeError(f"check({name!r}, fn) needs a function, got {type(fn).__name__}")
+    ex = EXERCISES[name]
+    for i, (case_name, hint, run) in enumerate(ex.cases, start=1):
+        where = f"{name}: case {i}/{len(ex.cases)} '{case_name}' failed"
+        try:
+            run(fn, torch.Generator().manual_seed(1000 * seed + i))
+        except _Mismatch as m:
+            detail = f"\n  ({m.detail})" if m.detail else ""
+            raise AssertionError(f"{where}.\n  Likely mistake: {m.hint or hint}{detail}") from None
+        except NotImplementedError:
+            raise AssertionError(f"{name}: not implemented yet (the function raised NotImplementedError)") from None
+        except Exception as e:  # the student's code crashed: show its error and the case's hint
+            raise AssertionError(f"{where}: the function raised {type(e).__name__}: {e}\n  Hint: {hint}") from e
+    if not quiet:
+        print(f"{name}: all {len(ex.cases)} cases passed")
+    return len(ex.cases)
+
+
+def _fmt(t: Tensor) -> str:
+    """A short rendering of a small tensor for a failure message (rounded; shape only when large)."""
+    if t.numel() > 12:
+        return f"a tensor of shape {tuple(t.shape)}"
+    return str([round(v, 6) for v in t.double().flatten().tolist()]).replace("[", "(").replace("]", ")")
+
+
+def _as_tensor(x, what: str) -> Tensor:
+    if isinstance(x, bool | int | float):
+        return torch.tensor(float(x))
+    if not isinstance(x, Tensor):
+        raise _Mismatch(f"{what} should be a torch.Tensor, got {type(x).__name__}")
+    return x.detach()
+
+
+def _close(a: Tensor, b: Tensor, atol: float, rtol: float) -> bool:
+    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=rtol))
+
+
+def _expect(got, want, mistakes=(), *, what: str = "the output", atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Pass if ``got`` is close to ``want``; else raise the hint of the first known mistake it matches.
+
+    ``mistakes`` is a sequence of (wrong value, hint): the value a known wrong implementation gives on this case.
+    A NaN / inf where a finite value is expected, or a wrong shape, is reported as such.
+    """
+    got = _as_tensor(got, what)
+    want = torch.as_tensor(want, dtype=torch.float64)
+    mistakes = [(torch.as_tensor(w, dtype=torch.float64), h) for w, h in mistakes]
+    if got.dtype == torch.bool:
+        got = got.double()
+    if got.shape != want.shape:
+        for wrong, hint in mistakes:
+            if _close(got, wrong, atol, rtol):
+                raise _Mismatch(hint)
+        raise _Mismatch(None, f"{what} has shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    if _close(got, want, atol, rtol):
+        return
+    if torch.isfinite(want).all() and not torch.isfinite(got).all():
+        raise _Mismatch(None, f"{what} holds NaN or inf: {_fmt(got)}")
+    for wrong, hint in mistakes:
+        if _close(got, wrong, atol, rtol):
+            raise _Mismatch(hint, f"{what}: got {_fmt(got)}, expected {_fmt(want)}")
+    raise _Mismatch(None, f"{what}: got {_fmt(got)}, expected {_fmt(want)}")
+
+
+def _grad(out, wrt: Tensor | tuple[Tensor, ...], weights: Tensor | None = None, no_grad_hint: str | None = None):
+    """d sum(weights * out) / d wrt (zeros for an input the output does not depend on)."""
+    if not isinstance(out, Tensor) or not out.requires_grad:
+        raise _Mismatch(no_grad_hint or "the output carries no gradient (computed under torch.no_grad, detached, or "
+                        "through .item() / a new tensor): the loss must be differentiable in logprobs")
+    objective = (out * weights).sum() if weights is not None else out.sum()
+    single = isinstance(wrt, Tensor)
+    inputs = (wrt,) if single else tuple(wrt)
+    grads = torch.autograd.grad(objective, inputs, allow_unused=True)
+    grads = tuple(torch.zeros_like(x) if g is None else g.detach() for g, x in zip(grads, inputs, strict=True))
+    return grads[0] if single else grads
+
+
+def _loss(out):
+    """Accept a loss or a (loss, stats) tuple, as minirl's losses return."""
+    return out[0] if isinstance(out, tuple | list) else out
+
+
+def _leaf(values, dtype=torch.float32) -> Tensor:
+    return torch.tensor(values, dtype=dtype, requires_grad=True)
+
+
+def _t(values, dtype=torch.float32) -> Tensor:
+    return torch.tensor(values, dtype=dtype)
+
+
+def _prefix_mask(lengths, T: int) -> Tensor:
+    """(B, T) float mask with ``lengths[i]`` leading ones in row i."""
+    return (torch.arange(T).unsqueeze(0) < torch.as_tensor(lengths).unsqueeze(1)).float()
+
+
+def _expect_raises(call: Callable, exc: type[Exception], hint: str) -> None:
+    try:
+        call()
+    except exc:
+        return
+    except NotImplementedError:
+        raise
+    except Exception as e:  # wrong exception type
+        raise _Mismatch(hint, f"raised {type(e).__name__}, expected {exc.__name__}") from None
+    raise _Mismatch(hint, f"nothing was raised, expected {exc.__name__}")
+
+
+NEEDS_FINITE = ("a {n}-nat log-ratio overflows exp() to inf (and inf * 0 = NaN at a masked position): clamp the "
+                "log-ratio (e.g. to +-20 nats) before exp, and mask before exp, not after")
+OLD_DETACHED = ("old_logprobs was not treated as a constant: when it is the very tensor logprobs (the first "
+                "update on-policy) the ratio's gradient vanishes; detach the behaviour policy's log-probs")
