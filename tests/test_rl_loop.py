@@ -294,3 +294,18 @@ def test_sft_schedule_warms_up_then_decays_to_zero_by_hand():
     assert f(59, 100) == pytest.approx(0.5)  # halfway through the decay: (60 - 20) / 80 = 0.5 -> cos = 0
     assert f(99, 100) == pytest.approx(0.0, abs=1e-12)  # the last step has (almost) no learning rate left
     assert all(f(s, 100) >= f(s + 1, 100) for s in range(19, 99))  # monotone after the warm-up
+
+
+def test_the_warm_start_validation_rows_are_held_out_of_sft():
+    train = tasks.load_split("train")
+    sft_rows, validation = warm_start.split_validation(train)
+    assert len(validation) == warm_start.VALIDATION_SIZE == 256 and len(sft_rows) + 256 == len(train)
+    assert not set(sft_rows["prompt"]) & set(validation["prompt"])  # no validation prompt is fine-tuned on
+
+
+def test_sft_stops_when_asked(tok):
+    model = tiny_model(tok)
+    calls = []
+    curve = warm_start.sft(model, tok, tasks.load_split("train").select(range(64)), steps=50, batch_size=4,
+                           progress=False, stop=lambda n: calls.append(n) or n == 3)
+    assert len(curve) == 3 and calls == [1, 2, 3]  # stop(n) after each step; True ends the run there
