@@ -26,8 +26,8 @@ from .tokenizer import build_tokenizer
 
 CACHE_DIR = Path(os.environ.get("MINIRL_CACHE", Path(__file__).resolve().parent.parent / ".cache"))
 
-#: The last rows of the train split are the warm start's validation set: never in an SFT batch, they decide when
-#: the warm start stops (the held-out test split stays untouched for the notebooks' evaluations).
+#: The last distinct prompts of the train split are the warm start's validation set: never in an SFT batch, they
+#: decide when the warm start stops (the test split stays untouched for the notebooks' evaluations).
 VALIDATION_SIZE = 256
 #: The warm start stops at the first check (every SFT_EVAL_EVERY steps) where its greedy accuracy on the
 #: validation set reaches the profile's target.
@@ -92,9 +92,15 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
 
 
 def split_validation(train):
-    """(rows to fine-tune on, validation rows): the last ``VALIDATION_SIZE`` rows of the train split are held out."""
-    n = len(train) - VALIDATION_SIZE
-    return train.select(range(n)), train.select(range(n, len(train)))
+    """(rows to fine-tune on, validation rows): the last ``VALIDATION_SIZE`` distinct prompts of the train split
+    are held out, and every row with one of those prompts leaves the fine-tuning rows (the split repeats some short
+    prompts, so holding out rows alone would not hold out prompts)."""
+    prompts, held, rows = list(train["prompt"]), set(), []
+    for i in reversed(range(len(prompts))):
+        if prompts[i] not in held and len(held) < VALIDATION_SIZE:
+            held.add(prompts[i])
+            rows.append(i)
+    return train.select([i for i, p in enumerate(prompts) if p not in held]), train.select(sorted(rows))
 
 
 def sft_lr_factor(step: int, steps: int, warmup: int = 20) -> float:
