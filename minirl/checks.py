@@ -1,9 +1,11 @@
-"""Argument checks shared by the math modules: clear errors that name the argument, never silent broadcasting.
+"""Argument checks shared by the math modules: clear errors that name the argument, never silent broadcasting; and
+the masking rule they share (masked positions are never read).
 
 Public and tiny on purpose: a student who copies one function of minirl copies these few lines with it."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
 
@@ -32,3 +34,13 @@ def choice(name: str, value, allowed) -> None:
     """Raise ValueError when ``value`` is not one of ``allowed``."""
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}; expected one of {sorted(allowed)}")
+
+
+def zero_outside(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` where ``mask`` is on (> 0), 0 elsewhere, whatever ``x`` holds there (inf, -inf, NaN).
+
+    The usual ``x * mask`` turns an inf in padding into NaN (inf * 0), and padding legitimately holds -inf
+    log-probs. Masked entries are never read, so their gradient is 0, not NaN. For a 0/1 mask (float or bool) this
+    is bit for bit ``x * mask`` wherever x is finite.
+    """
+    return torch.where(mask > 0, x, 0.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape, zero_outside
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
@@ -29,6 +29,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
       sum over each sequence / max_tokens (a constant), then mean over sequences; no length bias.
 
     Rows with no valid token are left out of the sequence means, and a fully masked batch gives 0 (not NaN).
+    Masked positions are never read: padding may hold anything, inf and NaN included.
 
     Example: per-token [[2,2,2,0],[10,0,0,0]], mask [[1,1,1,0],[1,0,0,0]]: token-mean (2+2+2+10)/4 = 4.0;
     seq-mean-token-mean (2 + 10)/2 = 6.0; seq-mean-token-sum-norm, max_tokens 4: (6/4 + 10/4)/2 = 2.0.
@@ -55,7 +56,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
     if denominator is not None and denominator <= 0:
         raise ValueError(f"denominator must be > 0, got {denominator}")
     mask = mask.to(per_token.dtype)
-    masked = per_token * mask  # (B, T)
+    masked = zero_outside(per_token, mask)  # (B, T); not per_token * mask, which is NaN where padding holds inf
     tokens_per_seq = mask.sum(-1)  # (B,)
     if mode == "token-mean":
         count = denominator if denominator is not None else tokens_per_seq.sum()
@@ -97,7 +98,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     ``token_clip_loss`` (PPO, GRPO, DAPO), ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token).
 
     Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp (at the sequence levels, the mean log-ratio of
-    each sequence); outside the clamp the gradient is 0 at every level. ``old_logprobs`` is detached.
+    each sequence); outside the clamp the gradient is 0 at every level. ``old_logprobs`` is detached. Masked
+    positions are never read (padding may hold anything, a -inf log-prob included): value and gradient are those
+    of the valid tokens alone.
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
@@ -141,7 +144,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', got {agg!r}")
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
-    old_logprobs = old_logprobs.detach()
+    # from here on only valid positions are read: padding may hold anything (a pad token's log-prob can be -inf)
+    logprobs, old_logprobs = zero_outside(logprobs, mask), zero_outside(old_logprobs.detach(), mask)
     if level == "token":
         loss, stats = token_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
                                       max_tokens, denominator)
@@ -153,8 +157,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
                                       max_tokens, denominator)
     # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
     # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead)
-    lr = ((logprobs - old_logprobs) * mask).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    stats["approx_kl"] = float(((lr.exp() - 1 - lr) * mask).sum() / mask.sum().clamp(min=1))
+    lr = (logprobs - old_logprobs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T), 0 outside the mask
+    kl_tokens = lr.exp() - 1 - lr  # (B, T)
+    stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
 
 
@@ -181,7 +186,8 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO (clip-higher), Yu et al. 2025,
     eq. 8-10.
     """
-    log_ratio = (logprobs - old_logprobs) * mask  # (B, T)
+    advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
+    log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
     ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
     per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens, denominator)
@@ -201,7 +207,7 @@ def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tens
 
 def _mean_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
     """(B,) mean over each row's valid tokens of log(pi / pi_old); 0 for a row with no valid token."""
-    return ((logprobs - old_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return zero_outside(logprobs - old_logprobs, mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
@@ -228,9 +234,11 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     Source: GSPO, Zheng et al. 2025, eq. 5-7.
     """
     B, T = logprobs.shape
+    has_tokens = mask.sum(-1) > 0  # (B,)
+    advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
     per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low, eps_high, dual_clip)  # (B,)
-    valid = (mask.sum(-1) > 0).to(per_seq.dtype)  # (B,)
+    valid = has_tokens.to(per_seq.dtype)  # (B,)
     count = denominator if denominator is not None else valid.sum()
     loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
     # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
@@ -257,6 +265,7 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
 
     Source: GSPO, Zheng et al. 2025, eq. 13-14.
     """
+    logprobs, advantages = zero_outside(logprobs, mask), zero_outside(advantages, mask)  # padding is never read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
     # where the clamp is active GSPO's gradient is 0 (d clamp = 0); zero it here too, so the two agree
     inside = _mean_log_ratio(logprobs, old_logprobs, mask).detach().abs() <= LOG_RATIO_CLAMP  # (B,)
@@ -313,7 +322,8 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
     if clip is not None and clip <= 0:
         raise ValueError(f"clip must be > 0 or None, got {clip}")
-    old_values, returns = old_values.detach(), returns.detach()
+    # padding is never read: it may hold anything, inf and NaN included
+    values, old_values, returns = (zero_outside(x, mask) for x in (values, old_values.detach(), returns.detach()))
     unclipped = (values - returns) ** 2
     if clip is None:
         per_token, clipped_branch = 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)

@@ -103,14 +103,18 @@ def token_level_rewards(scores: Tensor, mask: Tensor) -> Tensor:
         mask: (B, T) completion mask (a prefix of ones per row).
 
     Returns:
-        (B, T) zeros except ``scores`` at each row's last valid token (a row with no valid token gets nothing).
+        (B, T) zeros except ``scores`` at each row's last valid token (a row with no valid token gets nothing, and
+        its score is not read: it may be anything, inf or NaN included).
+
+    Example: scores [2, 5, 7], mask [[1, 1, 0], [1, 1, 1], [0, 0, 0]] -> [[0, 2, 0], [0, 0, 5], [0, 0, 0]].
 
     Raises:
         ValueError: if scores is not (B,) for mask (B, T).
     """
     ndim("mask", mask, 2, "(B, T)")
     same_shape(scores=scores, mask_rows=mask[:, 0])
-    last = (mask.sum(-1).long() - 1).clamp(min=0)  # (B,)
+    n_valid = (mask > 0).sum(-1)  # (B,)
+    last = (n_valid - 1).clamp(min=0)  # (B,)
     out = torch.zeros_like(mask, dtype=torch.float)
-    out[torch.arange(mask.shape[0]), last] = scores.float() * (mask.sum(-1) > 0)
+    out[torch.arange(mask.shape[0]), last] = torch.where(n_valid > 0, scores.float(), 0.0)
     return out

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape, zero_outside
 
 
 @dataclass
@@ -165,7 +165,7 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "su
     DPO uses the sum (the sequence's log-likelihood); SimPO and TRL's IPO use the mean (length-normalised).
 
     Args:
-        token_logprobs: (B, T) log-probs (nats).
+        token_logprobs: (B, T) log-probs (nats); never read outside the mask (a pad token's -inf is fine there).
         mask: (B, T) 1 on valid tokens.
         reduction: "sum" or "mean".
 
@@ -179,7 +179,7 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "su
     same_shape(token_logprobs=token_logprobs, mask=mask)
     choice("reduction", reduction, ("sum", "mean"))
     mask = mask.to(token_logprobs.dtype)
-    total = (token_logprobs * mask).sum(-1)  # (B,)
+    total = zero_outside(token_logprobs, mask).sum(-1)  # (B,); not a product: -inf * 0 would be NaN
     if reduction == "sum":
         return total
     n = mask.sum(-1)
