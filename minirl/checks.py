@@ -1,9 +1,11 @@
 """Argument checks shared by the math modules: clear errors that name the argument, never silent broadcasting; and
-the masking rule they share (masked positions are never read).
+the two numerical guards they share (masking that never reads padding, an exp that never overflows).
 
 Public and tiny on purpose: a student who copies one function of minirl copies these few lines with it."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -44,3 +46,16 @@ def zero_outside(x: Tensor, mask: Tensor) -> Tensor:
     is bit for bit ``x * mask`` wherever x is finite.
     """
     return torch.where(mask > 0, x, 0.0)
+
+
+def exp_linear_above(x: Tensor, cap: float) -> Tensor:
+    """exp(x) for x <= cap, continued above by its tangent at cap: e^cap * (1 + x - cap).
+
+    Finite for any finite x (exp(89) is already inf in float32) and increasing, with a continuous derivative, so
+    a gradient through it keeps the sign of the exact one past the cap, where a clamp would make it 0. Below the
+    cap it is exactly exp (which only underflows towards 0, harmlessly).
+
+    Example: cap 20, x = 25: e^20 * 6 = 2.910991e9 (exp(25) = 7.200490e10); derivative e^20 = 4.851652e8.
+    """
+    below = torch.exp(x.clamp(max=cap))  # the clamp only keeps the unused branch finite
+    return torch.where(x <= cap, below, math.exp(cap) * (1 + (x - cap)))

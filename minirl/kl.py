@@ -22,10 +22,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, same_shape, zero_outside
+from .checks import choice, exp_linear_above, same_shape, zero_outside
 
-#: Log-ratios are clamped to this magnitude before exp() in k3, so |logprobs - ref_logprobs| up to 50 (and beyond)
-#: stays finite. exp(20) ~ 4.9e8 is far outside anything a sane run reaches; the clamp only guards against inf/NaN.
+#: Above this log-ratio (nats) k3's exp() is continued by its tangent (``checks.exp_linear_above``), so
+#: |logprobs - ref_logprobs| of 50, 100 (and beyond) stays finite while the gradient keeps the exact one's sign.
+#: exp(20) ~ 4.9e8 is far outside anything a sane run reaches; this only guards against inf/NaN. (The name is kept
+#: from when it was a clamp, which made the gradient +1 there: the wrong sign.)
 LOG_RATIO_CLAMP = 20.0
 
 ESTIMATORS = ("k1", "k2", "k3")
@@ -84,9 +86,11 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     Its mean is the KL and it is never negative; differentiated inside a loss, though, its expected gradient is that
     of the forward KL(ref || pi), not of the reverse KL the penalty is meant to be (notebook 03 shows this exactly).
 
-    The log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] (20 nats) before exp, so extreme inputs give
-    finite values and gradients; inside the clamp the function is exact. Outside it the gradient of the exp term is
-    zero and only the linear term (-log r) still pulls.
+    Above log r = LOG_RATIO_CLAMP (20 nats) exp is continued by its tangent, e^20 * (1 + log r - 20): value and
+    gradient stay finite, the value stays >= 0, and the gradient keeps the exact one's sign. Example: logprobs -
+    ref = -25 gives 6 e^20 - 26 = 2.910991e9 and d/dlogprobs = 1 - e^20 = -4.851652e8 (exact: 1 - e^25 =
+    -7.200490e10, the same sign; a clamp would give +1 and push the policy away from the reference). Below 20
+    nats the function is exact (exp only underflows towards 0).
 
     Args:
         logprobs: (B, T) log-probabilities of the sampled tokens under the policy (nats).
@@ -103,7 +107,7 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     log_r = ref_logprobs - logprobs  # (B, T)
-    return torch.clamp(log_r, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() - 1 - log_r
+    return exp_linear_above(log_r, LOG_RATIO_CLAMP) - 1 - log_r
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str, mask: Tensor | None = None) -> Tensor:

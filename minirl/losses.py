@@ -6,13 +6,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, ndim, same_shape, zero_outside
+from .checks import choice, exp_linear_above, ndim, same_shape, zero_outside
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
 
-#: Log-ratios are clamped to +-20 nats before exp(): a ratio of e^20 ~ 4.9e8 is already meaningless, and the clamp
-#: keeps a wild off-policy token from producing inf (and then NaN gradients). Inside the clamp the loss is exact.
+#: Above +20 nats a log-ratio's exp() is continued by its tangent (``checks.exp_linear_above``): a ratio of
+#: e^20 ~ 4.9e8 is already meaningless, and a wild off-policy token must not produce inf (and then NaN gradients).
+#: Unlike a clamp, the continuation keeps the gradient's sign (a clamp would zero it). Below +20 the ratio is exp,
+#: exact (it only underflows towards 0). The name is kept from when this was a clamp at +-20.
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -97,10 +99,12 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     """The clipped policy-gradient loss at one of three ratio levels: checks the inputs, then calls
     ``token_clip_loss`` (PPO, GRPO, DAPO), ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token).
 
-    Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp (at the sequence levels, the mean log-ratio of
-    each sequence); outside the clamp the gradient is 0 at every level. ``old_logprobs`` is detached. Masked
-    positions are never read (padding may hold anything, a -inf log-prob included): value and gradient are those
-    of the valid tokens alone.
+    Above ``LOG_RATIO_CLAMP`` (20 nats) a log-ratio's exp is continued by its tangent (at the sequence levels,
+    the mean log-ratio of each sequence), so the ratio stays finite and its gradient keeps its sign: where the
+    unclipped branch is active (A < 0 without dual-clip, r above 1 + eps) the exact gradient is |A| r > 0 and
+    this one is |A| e^20 > 0; where the clip or the dual clip is active it is 0, as it is exactly. Below, the
+    ratio is exp, exact. ``old_logprobs`` is detached. Masked positions are never read (padding may hold
+    anything, a -inf log-prob included): value and gradient are those of the valid tokens alone.
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
@@ -156,9 +160,11 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         loss, stats = gspo_token_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
                                       max_tokens, denominator)
     # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
-    # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead)
-    lr = (logprobs - old_logprobs).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T), 0 outside the mask
-    kl_tokens = lr.exp() - 1 - lr  # (B, T)
+    # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead). Past 20 nats r is
+    # continued linearly like the loss's ratio: finite, and still increasing with the log-ratio as the true value
+    # (a clamp of r would make it decrease there)
+    lr = (logprobs - old_logprobs).detach()  # (B, T), 0 outside the mask
+    kl_tokens = exp_linear_above(lr, LOG_RATIO_CLAMP) - 1 - lr  # (B, T)
     stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
 
@@ -188,7 +194,7 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     """
     advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
     log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
+    ratio = exp_linear_above(log_ratio, LOG_RATIO_CLAMP)  # (B, T) exp, continued linearly above 20 nats
     per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens, denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
@@ -198,11 +204,12 @@ def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tens
     """GSPO's sequence importance ratio s_i = exp(mean over valid tokens of log(pi / pi_old)), a geometric mean.
 
     Example: log-ratios [3e-4, -1e-4, 1e-4] -> s = e^(3e-4 / 3) = e^1e-4 = 1.00010001. A row with no valid token
-    gets s = 1. (B, T) -> (B,).
+    gets s = 1. Above ``LOG_RATIO_CLAMP`` nats, exp is continued by its tangent (finite, gradient of the right
+    sign). (B, T) -> (B,).
 
     Source: GSPO, Zheng et al. 2025, eq. 7.
     """
-    return _mean_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # (B,)
+    return exp_linear_above(_mean_log_ratio(logprobs, old_logprobs, mask), LOG_RATIO_CLAMP)  # (B,)
 
 
 def _mean_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -267,10 +274,11 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     """
     logprobs, advantages = zero_outside(logprobs, mask), zero_outside(advantages, mask)  # padding is never read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
-    # where the clamp is active GSPO's gradient is 0 (d clamp = 0); zero it here too, so the two agree
-    inside = _mean_log_ratio(logprobs, old_logprobs, mask).detach().abs() <= LOG_RATIO_CLAMP  # (B,)
-    inside = inside.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
-    ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * inside)  # (B, T)
+    # GSPO's d s_i / d(mean log-ratio) is s_i up to LOG_RATIO_CLAMP and e^clamp past it (the tangent continuation);
+    # scaling each token's exponent by that slope / s_i gives GSPO-token the same gradient as GSPO there too
+    mean_lr = _mean_log_ratio(logprobs, old_logprobs, mask).detach()  # (B,)
+    slope = torch.where(mean_lr <= LOG_RATIO_CLAMP, 1.0, 1 / (1 + (mean_lr - LOG_RATIO_CLAMP))).unsqueeze(1)  # (B, 1)
+    ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * slope)  # (B, T)
     per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens, denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
