@@ -82,6 +82,9 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
                        dual_clip: float | None) -> Tensor:
     """Per-element PPO loss: max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)), dual-clipped for A < 0."""
+    if dual_clip is not None and not dual_clip > 1:
+        # with c <= 1 the "cap" c * |A| falls below PPO's own loss (log r 0.5, A -1, c 0.5: 0.5 < e^0.5 = 1.6487)
+        raise ValueError(f"dual_clip must be > 1 (dual-clip PPO, Ye et al. 2020, eq. 5) or None, got {dual_clip}")
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -115,7 +118,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         eps_high: upper clip range (ratio <= 1 + eps_high); defaults to eps_low. DAPO's clip-higher uses 0.28.
         level: "token", "sequence" or "sequence-token".
         agg: aggregation mode (see ``aggregate``); must be "seq-mean-token-mean" at level="sequence".
-        dual_clip: optional c > 1 of dual-clip PPO.
+        dual_clip: optional c > 1 of dual-clip PPO: for A < 0 the loss is capped at c * |A|.
         max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence").
 
     Returns:
@@ -126,8 +129,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         carries its sequence's s_i), approx_kl (mean k3 estimate of KL(pi_old || pi) per token).
 
     Raises:
-        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps or
-            level / agg are invalid.
+        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps,
+            dual_clip (<= 1) or level / agg are invalid.
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
     GSPO, Zheng et al. 2025, eq. 5-7 and 13-14.

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minirl import kl
+from minirl import config, kl
 from minirl.losses import aggregate, policy_loss
 
 D = torch.float64
@@ -191,6 +191,23 @@ def test_dual_clip():
     loss, grad, _, _ = one_token(0.5, -1.0, 1.0, dual_clip=3.0)
     close(loss, -1.2)
     close(grad, 0.0)
+
+
+def test_dual_clip_must_exceed_one():
+    # log r 0.5, A -1: PPO's loss max(-A r, -A clip(r, 0.8, 1.2)) = max(e^0.5, 1.2) = 1.648721. Dual clip caps it
+    # at c |A|: with c = 0.5 the "cap" 0.5 is BELOW the plain PPO loss (and c = 1 caps at |A| = 1 < 1.648721), so
+    # c <= 1 is refused at every level; c = 1.5 caps at 1.5, c = 3 leaves 1.648721.
+    for c in (0.5, 1.0, 0.0, -2.0):
+        for level in ("token", "sequence", "sequence-token"):
+            with pytest.raises(ValueError, match=rf"dual_clip must be > 1.*got {c}"):
+                one_token(0.5 - 1.0, -1.0, -1.0, dual_clip=c, level=level, agg="seq-mean-token-mean")
+    close(one_token(-0.5, -1.0, -1.0)[0], math.exp(0.5))  # 1.648721
+    close(one_token(-0.5, -1.0, -1.0, dual_clip=1.5)[0], 1.5)
+    close(one_token(-0.5, -1.0, -1.0, dual_clip=3.0)[0], 1.648721)
+    with pytest.raises(ValueError, match="dual_clip"):
+        config.RLConfig(dual_clip=1.0).validate()
+    config.RLConfig(dual_clip=3.0).validate()
+    config.RLConfig(dual_clip=None).validate()
 
 
 def test_extreme_log_ratio_stays_finite():
