@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, ndim, same_shape, zero_outside
+from .checks import choice, ndim, prefix_mask, same_shape, zero_outside
 
 SCALES = ("group", "batch", "none")
 
@@ -80,7 +80,8 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
         regression target).
 
     Raises:
-        ValueError: on shape mismatch or gamma / lam outside [0, 1].
+        ValueError: on shape mismatch, gamma / lam outside [0, 1], or a mask row that is not a prefix of ones
+            (e.g. [1, 0, 1]: where would its episode end?).
 
     Source: Schulman et al. 2016 ("High-Dimensional Continuous Control Using GAE"), eq. 16; applied per token in
     RLHF (Ouyang et al. 2022; Ziegler et al. 2019).
@@ -89,6 +90,7 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     ndim("rewards", rewards, 2, "(B, T)")
     if not (0 <= gamma <= 1 and 0 <= lam <= 1):
         raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
+    prefix_mask("mask", mask)
     mask = mask.float()
     rewards, values = zero_outside(rewards.float(), mask), zero_outside(values.float().detach(), mask)
     T = rewards.shape[1]

@@ -38,6 +38,18 @@ def choice(name: str, value, allowed) -> None:
         raise ValueError(f"unknown {name} {value!r}; expected one of {sorted(allowed)}")
 
 
+def prefix_mask(name: str, mask: Tensor) -> None:
+    """Raise ValueError when a row of the (B, T) ``mask`` is not a prefix of ones (1 up to its last valid token, 0
+    after it), e.g. [1, 0, 1]; a row of zeros is a prefix (of length 0). For the functions that find a completion's
+    end from its mask (GAE's bootstrap, the reward on the last token)."""
+    valid = mask > 0  # (B, T)
+    holes = valid[:, 1:] & ~valid[:, :-1]  # a valid token after a masked one
+    if holes.any():
+        row = int(holes.any(-1).nonzero()[0])
+        raise ValueError(f"{name} must be a prefix of ones in every row (1 up to the completion's last token, 0 "
+                         f"after it); row {row} is {mask[row].tolist()}")
+
+
 def zero_outside(x: Tensor, mask: Tensor) -> Tensor:
     """``x`` where ``mask`` is on (> 0), 0 elsewhere, whatever ``x`` holds there (inf, -inf, NaN).
 
