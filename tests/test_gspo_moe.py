@@ -209,8 +209,20 @@ def test_routes_select_and_nbytes():
 
 def test_expert_load_by_hand():
     # 4 experts, one layer, tokens use {0, 1}, {0, 2}, {0, 3}: expert 0 gets 3 of the 6 assignments
-    load = moe.expert_load(routes([[[0, 1], [0, 2], [0, 3]]]), num_experts=4)
+    r = routes([[[0, 1], [0, 2], [0, 3]]])
+    load = moe.expert_load(r, num_experts=4, mask=torch.ones(1, 3))
     close(load, [[0.5, 1 / 6, 1 / 6, 1 / 6]], atol=1e-7)
+    # the third token is padding: 4 valid assignments, expert 0 gets 2, experts 1 and 2 one each, expert 3 none
+    close(moe.expert_load(r, 4, torch.tensor([[1, 1, 0]])), [[0.5, 0.25, 0.25, 0.0]], atol=1e-7)
+
+
+def test_expert_load_needs_the_mask_of_the_recorded_forward():
+    # without a mask the padding tokens' routes were counted as if they were text
+    r = routes([[[0, 1], [0, 2], [0, 3]]])
+    with pytest.raises(TypeError, match="mask"):
+        moe.expert_load(r, 4)
+    with pytest.raises(ValueError, match=r"mask must have shape \(B, L\) = \(1, 3\).*got \(1, 2\)"):
+        moe.expert_load(r, 4, torch.ones(1, 2))
 
 
 def test_routing_change_fraction_refuses_mismatched_recordings():
