@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, ndim, same_shape
+from .checks import choice, ndim, prefix_mask, same_shape, zero_outside
 
 SCALES = ("group", "batch", "none")
 
@@ -70,7 +70,8 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     Args:
         rewards: (B, T) per-token rewards (task score on the last valid token, KL penalties on every token).
         values: (B, T) critic values V(s_t) of the state before each completion token.
-        mask: (B, T) 1 on valid completion tokens (a prefix of each row).
+        mask: (B, T) 1 on valid completion tokens, a prefix of each row (the episode ends at the row's last 1).
+            Positions outside it are never read: padding may hold anything, inf and NaN included.
         gamma: discount in [0, 1].
         lam: GAE lambda in [0, 1].
 
@@ -79,7 +80,8 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
         regression target).
 
     Raises:
-        ValueError: on shape mismatch or gamma / lam outside [0, 1].
+        ValueError: on shape mismatch, gamma / lam outside [0, 1], or a mask row that is not a prefix of ones
+            (e.g. [1, 0, 1]: where would its episode end?).
 
     Source: Schulman et al. 2016 ("High-Dimensional Continuous Control Using GAE"), eq. 16; applied per token in
     RLHF (Ouyang et al. 2022; Ziegler et al. 2019).
@@ -88,8 +90,9 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     ndim("rewards", rewards, 2, "(B, T)")
     if not (0 <= gamma <= 1 and 0 <= lam <= 1):
         raise ValueError(f"gamma and lam must be in [0, 1], got gamma={gamma}, lam={lam}")
+    prefix_mask("mask", mask)
     mask = mask.float()
-    rewards, values = rewards.float() * mask, values.float().detach() * mask
+    rewards, values = zero_outside(rewards.float(), mask), zero_outside(values.float().detach(), mask)
     T = rewards.shape[1]
     advantages = torch.zeros_like(rewards)
     next_value = torch.zeros_like(rewards[:, 0])  # V after the last token: 0
@@ -108,7 +111,8 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
     """Normalise ``x`` to unit variance over its valid entries (and zero mean when ``shift_mean``).
 
     PPO implementations whiten the advantages per batch; shift_mean=False keeps their sign, which some
-    implementations prefer for the rewards. Positions outside the mask are returned as 0.
+    implementations prefer for the rewards. Positions outside the mask are returned as 0, and never read (they
+    may hold anything, inf and NaN included).
 
     Args:
         x: (B, T) values.
@@ -127,6 +131,7 @@ def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) 
     """
     same_shape(x=x, mask=mask)
     mask = mask.float()
+    x = zero_outside(x, mask)  # padding is never read
     n = mask.sum()
     if n < 1:
         return torch.zeros_like(x)
@@ -195,7 +200,7 @@ def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor
 
     Args:
         scores: (B,) task rewards, laid out group by group.
-        token_penalties: (B, T) per-token penalties (e.g. beta * k1), zero or masked outside the completion.
+        token_penalties: (B, T) per-token penalties (e.g. beta * k1); never read outside the mask.
         mask: (B, T) completion mask.
         group_size: G; B must be a multiple of G.
         scale, eps: as in ``group_advantages`` (for the task part).
@@ -215,7 +220,7 @@ def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor
         raise ValueError(f"scores must have shape ({token_penalties.shape[0]},), got {tuple(scores.shape)}")
     task = group_advantages(scores, group_size, scale, eps)  # (B,)
     mask = mask.float()
-    c = token_penalties.float() * mask
+    c = zero_outside(token_penalties.float(), mask)  # (B, T); padding may hold anything
     to_go = c.flip(-1).cumsum(-1).flip(-1)  # (B, T) C_t
     baseline = to_go[:, 0].view(-1, group_size).mean(1).repeat_interleave(group_size)  # (B,)
     return (task.unsqueeze(1) - (to_go - baseline.unsqueeze(1))) * mask

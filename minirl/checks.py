@@ -1,9 +1,13 @@
-"""Argument checks shared by the math modules: clear errors that name the argument, never silent broadcasting.
+"""Argument checks shared by the math modules: clear errors that name the argument, never silent broadcasting; and
+the two numerical guards they share (masking that never reads padding, an exp that never overflows).
 
 Public and tiny on purpose: a student who copies one function of minirl copies these few lines with it."""
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import Tensor
 
 
@@ -32,3 +36,38 @@ def choice(name: str, value, allowed) -> None:
     """Raise ValueError when ``value`` is not one of ``allowed``."""
     if value not in allowed:
         raise ValueError(f"unknown {name} {value!r}; expected one of {sorted(allowed)}")
+
+
+def prefix_mask(name: str, mask: Tensor) -> None:
+    """Raise ValueError when a row of the (B, T) ``mask`` is not a prefix of ones (1 up to its last valid token, 0
+    after it), e.g. [1, 0, 1]; a row of zeros is a prefix (of length 0). For the functions that find a completion's
+    end from its mask (GAE's bootstrap, the reward on the last token)."""
+    valid = mask > 0  # (B, T)
+    holes = valid[:, 1:] & ~valid[:, :-1]  # a valid token after a masked one
+    if holes.any():
+        row = int(holes.any(-1).nonzero()[0])
+        raise ValueError(f"{name} must be a prefix of ones in every row (1 up to the completion's last token, 0 "
+                         f"after it); row {row} is {mask[row].tolist()}")
+
+
+def zero_outside(x: Tensor, mask: Tensor) -> Tensor:
+    """``x`` where ``mask`` is on (> 0), 0 elsewhere, whatever ``x`` holds there (inf, -inf, NaN).
+
+    The usual ``x * mask`` turns an inf in padding into NaN (inf * 0), and padding legitimately holds -inf
+    log-probs. Masked entries are never read, so their gradient is 0, not NaN. For a 0/1 mask (float or bool) this
+    is bit for bit ``x * mask`` wherever x is finite.
+    """
+    return torch.where(mask > 0, x, 0.0)
+
+
+def exp_linear_above(x: Tensor, cap: float) -> Tensor:
+    """exp(x) for x <= cap, continued above by its tangent at cap: e^cap * (1 + x - cap).
+
+    Finite for any finite x (exp(89) is already inf in float32) and increasing, with a continuous derivative, so
+    a gradient through it keeps the sign of the exact one past the cap, where a clamp would make it 0. Below the
+    cap it is exactly exp (which only underflows towards 0, harmlessly).
+
+    Example: cap 20, x = 25: e^20 * 6 = 2.910991e9 (exp(25) = 7.200490e10); derivative e^20 = 4.851652e8.
+    """
+    below = torch.exp(x.clamp(max=cap))  # the clamp only keeps the unused branch finite
+    return torch.where(x <= cap, below, math.exp(cap) * (1 + (x - cap)))

@@ -151,6 +151,9 @@ class RLConfig:
         if self.beta < 0 or self.temperature <= 0 or self.lr <= 0:
             raise ValueError(f"need beta >= 0, temperature > 0, lr > 0; got {self.beta}, {self.temperature}, "
                              f"{self.lr}")
+        if self.dual_clip is not None and not self.dual_clip > 1:
+            raise ValueError(f"dual_clip must be > 1 or None, got {self.dual_clip}: dual-clip PPO caps the loss of "
+                             f"A < 0 at dual_clip * |A|, which for c <= 1 falls below PPO's own loss")
         if self.level == "sequence" and self.agg != "seq-mean-token-mean":
             raise ValueError("level='sequence' (GSPO) has one term per sequence: agg must be 'seq-mean-token-mean'")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:

@@ -22,10 +22,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, same_shape
+from .checks import choice, exp_linear_above, same_shape, zero_outside
 
-#: Log-ratios are clamped to this magnitude before exp() in k3, so |logprobs - ref_logprobs| up to 50 (and beyond)
-#: stays finite. exp(20) ~ 4.9e8 is far outside anything a sane run reaches; the clamp only guards against inf/NaN.
+#: Above this log-ratio (nats) k3's exp() is continued by its tangent (``checks.exp_linear_above``), so
+#: |logprobs - ref_logprobs| of 50, 100 (and beyond) stays finite while the gradient keeps the exact one's sign.
+#: exp(20) ~ 4.9e8 is far outside anything a sane run reaches; this only guards against inf/NaN. (The name is kept
+#: from when it was a clamp, which made the gradient +1 there: the wrong sign.)
 LOG_RATIO_CLAMP = 20.0
 
 ESTIMATORS = ("k1", "k2", "k3")
@@ -84,9 +86,11 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     Its mean is the KL and it is never negative; differentiated inside a loss, though, its expected gradient is that
     of the forward KL(ref || pi), not of the reverse KL the penalty is meant to be (notebook 03 shows this exactly).
 
-    The log-ratio is clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] (20 nats) before exp, so extreme inputs give
-    finite values and gradients; inside the clamp the function is exact. Outside it the gradient of the exp term is
-    zero and only the linear term (-log r) still pulls.
+    Above log r = LOG_RATIO_CLAMP (20 nats) exp is continued by its tangent, e^20 * (1 + log r - 20): value and
+    gradient stay finite, the value stays >= 0, and the gradient keeps the exact one's sign. Example: logprobs -
+    ref = -25 gives 6 e^20 - 26 = 2.910991e9 and d/dlogprobs = 1 - e^20 = -4.851652e8 (exact: 1 - e^25 =
+    -7.200490e10, the same sign; a clamp would give +1 and push the policy away from the reference). Below 20
+    nats the function is exact (exp only underflows towards 0).
 
     Args:
         logprobs: (B, T) log-probabilities of the sampled tokens under the policy (nats).
@@ -103,21 +107,27 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     log_r = ref_logprobs - logprobs  # (B, T)
-    return torch.clamp(log_r, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp() - 1 - log_r
+    return exp_linear_above(log_r, LOG_RATIO_CLAMP) - 1 - log_r
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str, mask: Tensor | None = None) -> Tensor:
     """Dispatch to ``k1``, ``k2`` or ``k3`` by name. (B, T) -> (B, T).
 
+    With ``mask`` (B, T), the estimate is 0 outside it and the inputs there are never read: padding may hold
+    anything (a pad token's log-prob can be -inf), and ``k(...) * mask`` would turn it into NaN values or gradients.
+
     Raises:
-        ValueError: for an unknown estimator name, or if the shapes differ.
+        ValueError: for an unknown estimator name, or if the shapes (mask included) differ.
     """
     choice("kl estimator", estimator, ESTIMATORS)
+    if mask is not None:
+        same_shape(logprobs=logprobs, mask=mask)
+        logprobs, ref_logprobs = zero_outside(logprobs, mask), zero_outside(ref_logprobs, mask)  # k(0, 0) = 0
     return {"k1": k1, "k2": k2, "k3": k3}[estimator](logprobs, ref_logprobs)
 
 
-def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, beta: float, estimator: str = "k1"
-                 ) -> Tensor:
+def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, beta: float, estimator: str = "k1",
+                 mask: Tensor | None = None) -> Tensor:
     """Place the KL penalty in the reward: r_t <- r_t - beta * sg[k(t)], a per-token reward, detached.
 
     The penalty then reaches the policy only through the advantages (reward-to-go), as any other reward would:
@@ -129,6 +139,7 @@ def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, 
         ref_logprobs: (B, T) the reference model's log-probs of the same tokens.
         beta: KL coefficient (>= 0).
         estimator: "k1", "k2" or "k3".
+        mask: optional (B, T) completion mask: the penalty is 0 outside it, whatever the padding holds.
 
     Returns:
         (B, T) shaped rewards. Mask them with the completion mask before use.
@@ -141,10 +152,10 @@ def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, 
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     same_shape(token_rewards=token_rewards, logprobs=logprobs)
-    return token_rewards - beta * kl_estimate(logprobs, ref_logprobs, estimator).detach()
+    return token_rewards - beta * kl_estimate(logprobs, ref_logprobs, estimator, mask).detach()
 
 
-def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
+def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", mask: Tensor | None = None) -> Tensor:
     """Place the KL in the loss: the per-token estimate, *differentiated* through ``logprobs``.
 
     The caller adds ``beta * aggregate(kl_in_loss(...), mask, mode)`` to the policy loss. ``ref_logprobs`` is
@@ -155,6 +166,9 @@ def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
         logprobs: (B, T) current policy log-probs (with grad).
         ref_logprobs: (B, T) reference log-probs.
         estimator: "k1", "k2" or "k3".
+        mask: optional (B, T) completion mask: the terms are 0 outside it and the padding is never read, so its
+            gradient there is 0 even where the padding holds inf or NaN (``losses.aggregate`` masks the value
+            alone, but cannot stop k2's or k3's backward from multiplying 0 by a NaN they computed there).
 
     Returns:
         (B, T) per-token KL terms, to be aggregated like the policy loss.
@@ -164,7 +178,7 @@ def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
 
     Source: Shao et al. 2024 (DeepSeekMath, GRPO), eq. 3-4; Tang & Munos 2025.
     """
-    return kl_estimate(logprobs, ref_logprobs.detach(), estimator)
+    return kl_estimate(logprobs, ref_logprobs.detach(), estimator, mask)
 
 
 # ------------------------------------------------------------------------------------------------ the true KL

@@ -6,13 +6,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, ndim, same_shape
+from .checks import choice, exp_linear_above, ndim, same_shape, zero_outside
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
 
-#: Log-ratios are clamped to +-20 nats before exp(): a ratio of e^20 ~ 4.9e8 is already meaningless, and the clamp
-#: keeps a wild off-policy token from producing inf (and then NaN gradients). Inside the clamp the loss is exact.
+#: Above +20 nats a log-ratio's exp() is continued by its tangent (``checks.exp_linear_above``): a ratio of
+#: e^20 ~ 4.9e8 is already meaningless, and a wild off-policy token must not produce inf (and then NaN gradients).
+#: Unlike a clamp, the continuation keeps the gradient's sign (a clamp would zero it). Below +20 the ratio is exp,
+#: exact (it only underflows towards 0). The name is kept from when this was a clamp at +-20.
 LOG_RATIO_CLAMP = 20.0
 
 
@@ -29,6 +31,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
       sum over each sequence / max_tokens (a constant), then mean over sequences; no length bias.
 
     Rows with no valid token are left out of the sequence means, and a fully masked batch gives 0 (not NaN).
+    Masked positions are never read: padding may hold anything, inf and NaN included.
 
     Example: per-token [[2,2,2,0],[10,0,0,0]], mask [[1,1,1,0],[1,0,0,0]]: token-mean (2+2+2+10)/4 = 4.0;
     seq-mean-token-mean (2 + 10)/2 = 6.0; seq-mean-token-sum-norm, max_tokens 4: (6/4 + 10/4)/2 = 2.0.
@@ -55,7 +58,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
     if denominator is not None and denominator <= 0:
         raise ValueError(f"denominator must be > 0, got {denominator}")
     mask = mask.to(per_token.dtype)
-    masked = per_token * mask  # (B, T)
+    masked = zero_outside(per_token, mask)  # (B, T); not per_token * mask, which is NaN where padding holds inf
     tokens_per_seq = mask.sum(-1)  # (B,)
     if mode == "token-mean":
         count = denominator if denominator is not None else tokens_per_seq.sum()
@@ -79,6 +82,9 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
                        dual_clip: float | None) -> Tensor:
     """Per-element PPO loss: max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)), dual-clipped for A < 0."""
+    if dual_clip is not None and not dual_clip > 1:
+        # with c <= 1 the "cap" c * |A| falls below PPO's own loss (log r 0.5, A -1, c 0.5: 0.5 < e^0.5 = 1.6487)
+        raise ValueError(f"dual_clip must be > 1 (dual-clip PPO, Ye et al. 2020, eq. 5) or None, got {dual_clip}")
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -96,8 +102,12 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     """The clipped policy-gradient loss at one of three ratio levels: checks the inputs, then calls
     ``token_clip_loss`` (PPO, GRPO, DAPO), ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token).
 
-    Log-ratios are clamped to +-``LOG_RATIO_CLAMP`` before exp (at the sequence levels, the mean log-ratio of
-    each sequence); outside the clamp the gradient is 0 at every level. ``old_logprobs`` is detached.
+    Above ``LOG_RATIO_CLAMP`` (20 nats) a log-ratio's exp is continued by its tangent (at the sequence levels,
+    the mean log-ratio of each sequence), so the ratio stays finite and its gradient keeps its sign: where the
+    unclipped branch is active (A < 0 without dual-clip, r above 1 + eps) the exact gradient is |A| r > 0 and
+    this one is |A| e^20 > 0; where the clip or the dual clip is active it is 0, as it is exactly. Below, the
+    ratio is exp, exact. ``old_logprobs`` is detached. Masked positions are never read (padding may hold
+    anything, a -inf log-prob included): value and gradient are those of the valid tokens alone.
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
@@ -108,7 +118,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         eps_high: upper clip range (ratio <= 1 + eps_high); defaults to eps_low. DAPO's clip-higher uses 0.28.
         level: "token", "sequence" or "sequence-token".
         agg: aggregation mode (see ``aggregate``); must be "seq-mean-token-mean" at level="sequence".
-        dual_clip: optional c > 1 of dual-clip PPO.
+        dual_clip: optional c > 1 of dual-clip PPO: for A < 0 the loss is capped at c * |A|.
         max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence").
 
     Returns:
@@ -119,8 +129,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         carries its sequence's s_i), approx_kl (mean k3 estimate of KL(pi_old || pi) per token).
 
     Raises:
-        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps or
-            level / agg are invalid.
+        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps,
+            dual_clip (<= 1) or level / agg are invalid.
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
     GSPO, Zheng et al. 2025, eq. 5-7 and 13-14.
@@ -141,7 +151,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', got {agg!r}")
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
-    old_logprobs = old_logprobs.detach()
+    # from here on only valid positions are read: padding may hold anything (a pad token's log-prob can be -inf)
+    logprobs, old_logprobs = zero_outside(logprobs, mask), zero_outside(old_logprobs.detach(), mask)
     if level == "token":
         loss, stats = token_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
                                       max_tokens, denominator)
@@ -152,9 +163,12 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         loss, stats = gspo_token_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
                                       max_tokens, denominator)
     # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
-    # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead)
-    lr = ((logprobs - old_logprobs) * mask).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    stats["approx_kl"] = float(((lr.exp() - 1 - lr) * mask).sum() / mask.sum().clamp(min=1))
+    # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead). Past 20 nats r is
+    # continued linearly like the loss's ratio: finite, and still increasing with the log-ratio as the true value
+    # (a clamp of r would make it decrease there)
+    lr = (logprobs - old_logprobs).detach()  # (B, T), 0 outside the mask
+    kl_tokens = exp_linear_above(lr, LOG_RATIO_CLAMP) - 1 - lr  # (B, T)
+    stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
 
 
@@ -181,8 +195,9 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO (clip-higher), Yu et al. 2025,
     eq. 8-10.
     """
-    log_ratio = (logprobs - old_logprobs) * mask  # (B, T)
-    ratio = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
+    advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
+    log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
+    ratio = exp_linear_above(log_ratio, LOG_RATIO_CLAMP)  # (B, T) exp, continued linearly above 20 nats
     per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens, denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
@@ -192,16 +207,17 @@ def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tens
     """GSPO's sequence importance ratio s_i = exp(mean over valid tokens of log(pi / pi_old)), a geometric mean.
 
     Example: log-ratios [3e-4, -1e-4, 1e-4] -> s = e^(3e-4 / 3) = e^1e-4 = 1.00010001. A row with no valid token
-    gets s = 1. (B, T) -> (B,).
+    gets s = 1. Above ``LOG_RATIO_CLAMP`` nats, exp is continued by its tangent (finite, gradient of the right
+    sign). (B, T) -> (B,).
 
     Source: GSPO, Zheng et al. 2025, eq. 7.
     """
-    return _mean_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()  # (B,)
+    return exp_linear_above(_mean_log_ratio(logprobs, old_logprobs, mask), LOG_RATIO_CLAMP)  # (B,)
 
 
 def _mean_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
     """(B,) mean over each row's valid tokens of log(pi / pi_old); 0 for a row with no valid token."""
-    return ((logprobs - old_logprobs) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return zero_outside(logprobs - old_logprobs, mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
 def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
@@ -228,9 +244,11 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     Source: GSPO, Zheng et al. 2025, eq. 5-7.
     """
     B, T = logprobs.shape
+    has_tokens = mask.sum(-1) > 0  # (B,)
+    advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
     per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low, eps_high, dual_clip)  # (B,)
-    valid = (mask.sum(-1) > 0).to(per_seq.dtype)  # (B,)
+    valid = has_tokens.to(per_seq.dtype)  # (B,)
     count = denominator if denominator is not None else valid.sum()
     loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
     # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
@@ -257,11 +275,13 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
 
     Source: GSPO, Zheng et al. 2025, eq. 13-14.
     """
+    logprobs, advantages = zero_outside(logprobs, mask), zero_outside(advantages, mask)  # padding is never read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
-    # where the clamp is active GSPO's gradient is 0 (d clamp = 0); zero it here too, so the two agree
-    inside = _mean_log_ratio(logprobs, old_logprobs, mask).detach().abs() <= LOG_RATIO_CLAMP  # (B,)
-    inside = inside.to(logprobs.dtype).unsqueeze(1)  # (B, 1)
-    ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * inside)  # (B, T)
+    # GSPO's d s_i / d(mean log-ratio) is s_i up to LOG_RATIO_CLAMP and e^clamp past it (the tangent continuation);
+    # scaling each token's exponent by that slope / s_i gives GSPO-token the same gradient as GSPO there too
+    mean_lr = _mean_log_ratio(logprobs, old_logprobs, mask).detach()  # (B,)
+    slope = torch.where(mean_lr <= LOG_RATIO_CLAMP, 1.0, 1 / (1 + (mean_lr - LOG_RATIO_CLAMP))).unsqueeze(1)  # (B, 1)
+    ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * slope)  # (B, T)
     per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens, denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
@@ -313,7 +333,8 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     same_shape(values=values, old_values=old_values, returns=returns, mask=mask)
     if clip is not None and clip <= 0:
         raise ValueError(f"clip must be > 0 or None, got {clip}")
-    old_values, returns = old_values.detach(), returns.detach()
+    # padding is never read: it may hold anything, inf and NaN included
+    values, old_values, returns = (zero_outside(x, mask) for x in (values, old_values.detach(), returns.detach()))
     unclipped = (values - returns) ** 2
     if clip is None:
         per_token, clipped_branch = 0.5 * unclipped, torch.zeros_like(unclipped, dtype=torch.bool)

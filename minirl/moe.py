@@ -188,15 +188,33 @@ def routing_change_fraction(routes_a: Routes, routes_b: Routes, mask: Tensor | N
     return fractions if per_layer else sum(fractions) / len(fractions)
 
 
-def expert_load(routes: Routes, num_experts: int, mask: Tensor | None = None) -> Tensor:
+def expert_load(routes: Routes, num_experts: int, mask: Tensor) -> Tensor:
     """(n_layers, num_experts) share of the valid token-expert assignments each expert received (rows sum to 1).
 
     A balanced router gives 1 / num_experts everywhere; collapse shows as a few experts taking most tokens.
+    The mask is required: the recorded forward routes every position, left padding of the prompts and padding after
+    EOS included, and counting those would measure how the router treats pad tokens.
+
+    Example: 4 experts, tokens routed to {0, 1}, {0, 2}, {0, 3}, all valid: expert 0 gets 3 of the 6 assignments,
+    [0.5, 1/6, 1/6, 1/6]; with the third token masked, [0.5, 0.25, 0.25, 0].
+
+    Args:
+        routes: recorded routing (``record_routing``), ``indices[l]`` of shape (B, L, k).
+        num_experts: the number of experts per layer.
+        mask: (B, L) 1 on real tokens: the attention mask of the recorded forward (``Rollout.attention_mask``).
+
+    Returns:
+        (n_layers, num_experts) float shares; a layer with no valid token gives zeros.
+
+    Raises:
+        ValueError: if mask is not (B, L) for the recorded routes.
     """
     loads = []
     for ix in routes.indices:
-        m = torch.ones(ix.shape[:2], device=ix.device) if mask is None else mask.float().to(ix.device)
-        w = m.unsqueeze(-1).expand_as(ix).reshape(-1)
+        if tuple(mask.shape) != tuple(ix.shape[:2]):
+            raise ValueError(f"mask must have shape (B, L) = {tuple(ix.shape[:2])}, the recorded routes' batch and "
+                             f"length (the attention mask of the recorded forward), got {tuple(mask.shape)}")
+        w = (mask > 0).float().to(ix.device).unsqueeze(-1).expand_as(ix).reshape(-1)
         counts = torch.zeros(num_experts, device=ix.device).index_add_(0, ix.reshape(-1), w)
         loads.append(counts / counts.sum().clamp(min=1))
     return torch.stack(loads)

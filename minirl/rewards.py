@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from .checks import ndim, same_shape
+from .checks import ndim, prefix_mask, same_shape
 
 
 def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequence[str], completions: Sequence[str],
@@ -103,14 +103,20 @@ def token_level_rewards(scores: Tensor, mask: Tensor) -> Tensor:
         mask: (B, T) completion mask (a prefix of ones per row).
 
     Returns:
-        (B, T) zeros except ``scores`` at each row's last valid token (a row with no valid token gets nothing).
+        (B, T) zeros except ``scores`` at each row's last valid token (a row with no valid token gets nothing, and
+        its score is not read: it may be anything, inf or NaN included).
+
+    Example: scores [2, 5, 7], mask [[1, 1, 0], [1, 1, 1], [0, 0, 0]] -> [[0, 2, 0], [0, 0, 5], [0, 0, 0]].
 
     Raises:
-        ValueError: if scores is not (B,) for mask (B, T).
+        ValueError: if scores is not (B,) for mask (B, T), or a mask row is not a prefix of ones (e.g. [1, 0, 1],
+            whose last valid token is not at its count of ones).
     """
     ndim("mask", mask, 2, "(B, T)")
     same_shape(scores=scores, mask_rows=mask[:, 0])
-    last = (mask.sum(-1).long() - 1).clamp(min=0)  # (B,)
+    prefix_mask("mask", mask)
+    n_valid = (mask > 0).sum(-1)  # (B,)
+    last = (n_valid - 1).clamp(min=0)  # (B,)
     out = torch.zeros_like(mask, dtype=torch.float)
-    out[torch.arange(mask.shape[0]), last] = scores.float() * (mask.sum(-1) > 0)
+    out[torch.arange(mask.shape[0]), last] = torch.where(n_valid > 0, scores.float(), 0.0)
     return out

@@ -8,14 +8,16 @@ temperature 0.7 and compute the log-probs at 1.0: every ratio is then off before
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from transformers import GenerationConfig
 
-from .checks import choice, ndim, same_shape
+from .checks import choice, ndim, same_shape, zero_outside
 
 
 @dataclass
@@ -165,7 +167,7 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "su
     DPO uses the sum (the sequence's log-likelihood); SimPO and TRL's IPO use the mean (length-normalised).
 
     Args:
-        token_logprobs: (B, T) log-probs (nats).
+        token_logprobs: (B, T) log-probs (nats); never read outside the mask (a pad token's -inf is fine there).
         mask: (B, T) 1 on valid tokens.
         reduction: "sum" or "mean".
 
@@ -179,7 +181,7 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "su
     same_shape(token_logprobs=token_logprobs, mask=mask)
     choice("reduction", reduction, ("sum", "mean"))
     mask = mask.to(token_logprobs.dtype)
-    total = (token_logprobs * mask).sum(-1)  # (B,)
+    total = zero_outside(token_logprobs, mask).sum(-1)  # (B,); not a product: -inf * 0 would be NaN
     if reduction == "sum":
         return total
     n = mask.sum(-1)
@@ -189,13 +191,55 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "su
     return total / n
 
 
+def sampling_config(tokenizer, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False
+                    ) -> GenerationConfig:
+    """The complete generation config of a rollout: plain sampling from softmax(logits / temperature), or argmax.
+
+    Only what minirl means is set: do_sample, temperature, top_k=0 and top_p=1.0 (both off), max_new_tokens and
+    the tokenizer's pad / eos / bos ids. Every other logits processor (repetition_penalty, min_p, typical_p,
+    no_repeat_ngram_size, bad_words_ids, ...) stays at transformers' neutral default.
+
+    Raises:
+        ValueError: if max_new_tokens < 1 or temperature <= 0.
+    """
+    if max_new_tokens < 1 or temperature <= 0:
+        raise ValueError(f"need max_new_tokens >= 1 and temperature > 0, got {max_new_tokens} and {temperature}")
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+               bos_token_id=tokenizer.bos_token_id)
+    if greedy:
+        return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, **ids)
+    return GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
+                            **ids)
+
+
+@contextmanager
+def _checkpoint_settings_ignored(model: torch.nn.Module) -> Iterator[None]:
+    """Hide the model's own generation config (a checkpoint's generation_config.json) for the block.
+
+    ``generate(generation_config=cfg)`` does not replace the model's config: transformers 5 fills every field that
+    ``cfg`` leaves unset from ``model.generation_config`` (GenerationMixin._prepare_generation_config), so a
+    checkpoint's repetition_penalty, min_p, typical_p, ... would still process the logits the sampler draws from,
+    while the behaviour log-probs are plain softmax(z / T). With an empty config in its place nothing can leak,
+    whatever fields a later transformers adds. Restored on exit, errors included.
+    """
+    saved = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
              temperature: float = 1.0, greedy: bool = False, record_routes: bool = False) -> Rollout:
     """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
 
     Sampling is plain ancestral sampling from softmax(logits / temperature): top-k and top-p are switched off,
-    because the loss assumes the tokens came from exactly the distribution ``token_logprobs`` computes.
+    because the loss assumes the tokens came from exactly the distribution ``token_logprobs`` computes. The
+    sampler uses ``sampling_config`` alone: no setting of the model's own generation config (a checkpoint's
+    generation_config.json: repetition_penalty, min_p, typical_p, no_repeat_ngram_size, top_k, temperature, ...)
+    reaches it, so the behaviour log-probs are the sampler's even for a model from ``models.load``.
 
     Args:
         model: a causal LM (put in eval mode for sampling, restored afterwards).
@@ -225,9 +269,9 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
-    sampling = dict(do_sample=False) if greedy else dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, **sampling)
+    gen_config = sampling_config(tokenizer, max_new_tokens, temperature, greedy)
+    with _checkpoint_settings_ignored(model):
+        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_config)
     P = prompt_ids.shape[1]
     completion_ids = out[:, P:]  # (B, T)
     mask = completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T)
@@ -238,9 +282,9 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         from .moe import record_routing
 
         with record_routing(model) as routes:
-            logprobs = token_logprobs(model, out, attention_mask, P, temperature) * mask  # (B, T)
+            logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature), mask)  # (B, T)
     else:
-        logprobs = token_logprobs(model, out, attention_mask, P, temperature) * mask  # (B, T)
+        logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature), mask)  # (B, T)
     model.train(was_training)
     return Rollout(
         input_ids=out, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,

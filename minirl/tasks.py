@@ -19,6 +19,8 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 #: A well-formed completion: a scratchpad of digits, '+', '=', ';' and exactly one '#' followed by an integer.
 _FORMAT = re.compile(r"^[0-9+=;]*#(-?[0-9]+)$")
+#: A reference answer: an integer written as the completions write it (digits, an optional leading '-').
+_INTEGER = re.compile(r"-?[0-9]+")
 
 
 def load_split(split: str = "train", data_dir: str | Path | None = None) -> datasets.Dataset:
@@ -36,8 +38,8 @@ def load_split(split: str = "train", data_dir: str | Path | None = None) -> data
 
     Raises:
         FileNotFoundError: if the file does not exist.
-        ValueError: "data/train.jsonl, line 7: ..." for a line that is not a JSON object with string fields
-            prompt, completion and answer.
+        ValueError: "train.jsonl, line 7: ..." for a line that is not a JSON object with string fields
+            prompt, completion and answer, or whose answer is not an integer.
     """
     path = Path(data_dir or DATA_DIR) / f"{split}.jsonl"
     if not path.exists():
@@ -49,6 +51,10 @@ def load_split(split: str = "train", data_dir: str | Path | None = None) -> data
 
 def validate_jsonl(path: str | Path) -> int:
     """Check every line of a task JSONL file; return the number of records.
+
+    Each line must be a JSON object whose prompt, completion and answer are strings, and whose answer is an
+    integer ("21", "-3"): a row with answer "nine" would otherwise load and then fail mid-training inside the
+    reward, with no file or line to go on.
 
     Raises:
         ValueError: naming the file and the 1-based line number of the first bad line.
@@ -68,6 +74,9 @@ def validate_jsonl(path: str | Path) -> int:
             for key in ("prompt", "completion", "answer"):
                 if not isinstance(row.get(key), str):
                     raise ValueError(f"{path.name}, line {lineno}: field {key!r} missing or not a string")
+            if not _INTEGER.fullmatch(row["answer"].strip()):
+                raise ValueError(f"{path.name}, line {lineno}: answer {row['answer']!r} is not an integer (digits with "
+                                 f"an optional leading '-')")
             n += 1
     return n
 
@@ -93,8 +102,27 @@ class Score:
 def score(completion: str, answer: str) -> Score:
     """Score one completion against the reference answer (exact integer match after '#').
 
+    Example: score("7+5=12;12+9=21#21", "21") -> reward 1.0; score("#021", "21") is correct too (integers, not
+    strings, are compared).
+
+    Args:
+        completion: the model's completion text.
+        answer: the reference answer, a string of digits with an optional leading '-' (or an int).
+
+    Returns:
+        A ``Score``: reward 1.0 iff the completion is well formed and its answer equals the reference.
+
+    Raises:
+        ValueError: naming the answer, if the reference answer is not an integer (e.g. "nine"), whatever the
+            completion: a reference that cannot be checked is a data error, not a wrong completion.
+
     Source: the verifiable-reward setting of DeepSeek-R1 / DAPO (accuracy reward, rule based, no reward model).
     """
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        answer = str(answer)  # an int column (e.g. a user's own dataset) is fine
+    if not isinstance(answer, str) or not _INTEGER.fullmatch(answer.strip()):
+        raise ValueError(f"the reference answer {answer!r} is not an integer (a string of digits with an optional "
+                         f"leading '-')")
     parsed = parse_answer(completion)
     formatted = parsed is not None
     correct = formatted and int(parsed) == int(answer)

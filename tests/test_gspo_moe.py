@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minirl import config, models, moe, rl, rollout, tasks
-from minirl.losses import LOG_RATIO_CLAMP, policy_loss
+from minirl.losses import policy_loss
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
@@ -147,20 +147,27 @@ def test_micro_batches_with_the_full_denominator_add_up_to_the_batch_loss(batch,
 
 @pytest.mark.parametrize("level", ["sequence", "sequence-token"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_extreme_log_ratios_stay_finite(level, dtype):
-    # mean log-ratios of +1e4 and -1e4 nats (exp would overflow): clamped to +-20 nats -> ratios e^+-20, finite;
-    # outside the clamp the gradient is 0 at both levels (the clamp's derivative), so GSPO-token still equals GSPO
+def test_extreme_log_ratios_stay_finite_with_gradients_of_the_right_sign(level, dtype):
+    # mean log-ratios of +1e4 and -1e4 nats (exp would overflow). Above 20 nats the ratio is exp's tangent at 20:
+    # s = e^20 * (1 + 1e4 - 20) = 4.846800e12, finite. Below, exp itself: s = e^-1e4 = 0 (underflow).
+    # Loss = mean over 3 sequences of max(-A s, -A clip(s)); d s / d lp_t = (tangent slope e^20) / 2 tokens.
+    #   row 0, A = +1: s > 1 + eps, clipped branch -> gradient 0 (exactly 0 too).
+    #   row 0, A = -1: unclipped branch -A s -> gradient e^20 / 2 / 3 = 80860865.9 > 0 per token; the exact one,
+    #     e^1e4 / 6, is not representable but positive too (a clamp used to give 0 here).
+    #   row 1: A = +1 unclipped, gradient -e^-1e4 / 6 = -0 (underflow); A = -1 clipped at 1 - eps, 0.
+    # GSPO-token has the same gradient: it scales each token's exponent by the tangent slope over s.
     old = torch.zeros(3, 2, dtype=dtype)
     lp = torch.tensor([[1e4, 1e4], [-1e4, -1e4], [1e-3, 0.0]], dtype=dtype)
-    for adv in ([1.0, -1.0, 1.0], [-1.0, 1.0, -1.0]):
+    for adv, g0 in (([1.0, -1.0, 1.0], 0.0), ([-1.0, 1.0, -1.0], math.exp(20) / 6)):
         lp_ = lp.clone().requires_grad_(True)
         loss, stats = policy_loss(lp_, old, torch.tensor(adv, dtype=dtype), torch.ones(3, 2, dtype=dtype), EPS_LOW,
                                   EPS_HIGH, level=level, agg="seq-mean-token-mean")
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(lp_.grad).all()
-        assert torch.all(lp_.grad[:2] == 0)
+        torch.testing.assert_close(lp_.grad[0].double(), torch.tensor([g0, g0], dtype=D), rtol=1e-6, atol=0)
+        assert torch.all(lp_.grad[1] == 0)
         assert all(math.isfinite(v) for v in stats.values())
-        assert stats["ratio_max"] <= math.exp(LOG_RATIO_CLAMP) * 1.0001
+        close(stats["ratio_max"] / (math.exp(20) * (1 + 1e4 - 20)), 1.0, atol=1e-6)
 
 
 def test_approx_kl_is_the_k3_estimate_of_kl_old_to_new():
@@ -202,8 +209,20 @@ def test_routes_select_and_nbytes():
 
 def test_expert_load_by_hand():
     # 4 experts, one layer, tokens use {0, 1}, {0, 2}, {0, 3}: expert 0 gets 3 of the 6 assignments
-    load = moe.expert_load(routes([[[0, 1], [0, 2], [0, 3]]]), num_experts=4)
+    r = routes([[[0, 1], [0, 2], [0, 3]]])
+    load = moe.expert_load(r, num_experts=4, mask=torch.ones(1, 3))
     close(load, [[0.5, 1 / 6, 1 / 6, 1 / 6]], atol=1e-7)
+    # the third token is padding: 4 valid assignments, expert 0 gets 2, experts 1 and 2 one each, expert 3 none
+    close(moe.expert_load(r, 4, torch.tensor([[1, 1, 0]])), [[0.5, 0.25, 0.25, 0.0]], atol=1e-7)
+
+
+def test_expert_load_needs_the_mask_of_the_recorded_forward():
+    # without a mask the padding tokens' routes were counted as if they were text
+    r = routes([[[0, 1], [0, 2], [0, 3]]])
+    with pytest.raises(TypeError, match="mask"):
+        moe.expert_load(r, 4)
+    with pytest.raises(ValueError, match=r"mask must have shape \(B, L\) = \(1, 3\).*got \(1, 2\)"):
+        moe.expert_load(r, 4, torch.ones(1, 2))
 
 
 def test_routing_change_fraction_refuses_mismatched_recordings():

@@ -138,19 +138,50 @@ def test_extreme_log_ratios_stay_finite():
         assert torch.isfinite(kl.kl_in_reward(torch.zeros(1, 5), logprobs, ref, 0.1, name)).all(), name
 
 
-def test_k3_clamp_is_documented_and_exact_inside():
+def test_k3_past_the_cap_is_linear_and_exact_below():
     C = kl.LOG_RATIO_CLAMP
     assert C == 20.0
-    # log r = ref - logprobs = (+50, -50, 19): the first two are clamped inside exp only
+    # log r = ref - logprobs = (+50, -50, 19). Above 20, exp is continued by its tangent at 20: e^20 (1 + log r - 20).
+    # +50: 31 e^20 - 1 - 50 = 15040121057.70 - 51;  -50: e^-50 - 1 + 50 (exact, exp only underflows below);
+    # 19: e^19 - 1 - 19 (exact)
     logprobs = t(-50.0, 0.0, -19.0).reshape(1, 3).requires_grad_(True)
     ref = t(0.0, -50.0, 0.0).reshape(1, 3)
     value = kl.k3(logprobs, ref)
-    # +50: e^20 - 1 - 50 = 485165195.4097903 - 51;  -50: e^-20 - 1 + 50 = 49.000000002;  19: e^19 - 1 - 19 (exact)
-    close(value, [[math.exp(20) - 51, math.exp(-20) + 49, math.exp(19) - 20]], atol=1e-6)
-    # outside the clamp the exp term has no gradient, only -log r pulls: d/dlogprobs = +1;
-    # inside, d/dlogprobs (e^{ref-lp} - 1 - ref + lp) = 1 - e^19
+    close(value, [[31 * math.exp(20) - 51, math.exp(-50) + 49, math.exp(19) - 20]], atol=1e-6)
+    # d/dlogprobs (exp~(ref - lp) - 1 - ref + lp) = 1 - exp~'(log r): 1 - e^20 past the cap (this used to be +1,
+    # the wrong sign, when exp was clamped), 1 - e^-50 and 1 - e^19 below it
     grad = torch.autograd.grad(value.sum(), logprobs)[0]
-    close(grad, [[1.0, 1.0, 1 - math.exp(19)]], atol=1e-6)
+    close(grad, [[1 - math.exp(20), 1 - math.exp(-50), 1 - math.exp(19)]], atol=1e-6)
+
+
+@pytest.mark.parametrize("diff", [25.0, 50.0, 100.0, -25.0, -50.0, -100.0])
+def test_k3_gradient_keeps_the_exact_sign_past_the_cap(diff):
+    # diff = logprobs - ref, so log r = -diff. Exact k3 = e^-diff - 1 + diff, exact d/dlogprobs = 1 - e^-diff
+    # (float64 holds e^100 = 2.69e43). The issue: diff = -25 gave value 4.85e8 and gradient +1 with a clamp,
+    # while the exact gradient is 1 - e^25 = -7.2e10: the KL term pushed the policy AWAY from the reference.
+    #   diff -25, -50, -100: log r = 25, 50, 100 > 20 -> value e^20 (1 + log r - 20) - 1 - log r, gradient 1 - e^20
+    #     (e.g. -25: 6 e^20 - 26 = 2.910991e9; gradient -4.851652e8, negative like the exact -7.200490e10)
+    #   diff 25, 50, 100: exact: 24 + e^-25, 49 + e^-50, 99 + e^-100; gradient 1 - e^-diff > 0
+    log_r = -diff
+    exact_grad = 1 - math.exp(log_r)
+    if log_r > 20:
+        expected_value, expected_grad = math.exp(20) * (1 + log_r - 20) - 1 - log_r, 1 - math.exp(20)
+    else:
+        expected_value, expected_grad = math.exp(log_r) - 1 - log_r, exact_grad
+    for dtype in (torch.float64, torch.float32):
+        lp = torch.tensor([[diff - 1.0]], dtype=dtype, requires_grad=True)
+        value = kl.kl_in_loss(lp, torch.tensor([[-1.0]], dtype=dtype), "k3")
+        (grad,) = torch.autograd.grad(value.sum(), lp)
+        assert torch.isfinite(value).all() and torch.isfinite(grad).all()
+        assert math.copysign(1, grad.item()) == math.copysign(1, exact_grad), (grad, exact_grad)
+        assert value.item() >= 0
+        if dtype == torch.float64:
+            assert value.item() == pytest.approx(expected_value, rel=1e-12)
+            assert grad.item() == pytest.approx(expected_grad, rel=1e-12)
+    if diff == -25.0:
+        assert expected_value == pytest.approx(2.910991146e9, rel=1e-9)
+        assert expected_grad == pytest.approx(-4.851651944e8, rel=1e-9)
+        assert exact_grad == pytest.approx(-7.200489934e10, rel=1e-9)
 
 
 # --- bad input --------------------------------------------------------------------------------------------------

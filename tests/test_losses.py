@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from minirl import kl
+from minirl import config, kl
 from minirl.losses import aggregate, policy_loss
 
 D = torch.float64
@@ -193,6 +193,23 @@ def test_dual_clip():
     close(grad, 0.0)
 
 
+def test_dual_clip_must_exceed_one():
+    # log r 0.5, A -1: PPO's loss max(-A r, -A clip(r, 0.8, 1.2)) = max(e^0.5, 1.2) = 1.648721. Dual clip caps it
+    # at c |A|: with c = 0.5 the "cap" 0.5 is BELOW the plain PPO loss (and c = 1 caps at |A| = 1 < 1.648721), so
+    # c <= 1 is refused at every level; c = 1.5 caps at 1.5, c = 3 leaves 1.648721.
+    for c in (0.5, 1.0, 0.0, -2.0):
+        for level in ("token", "sequence", "sequence-token"):
+            with pytest.raises(ValueError, match=rf"dual_clip must be > 1.*got {c}"):
+                one_token(0.5 - 1.0, -1.0, -1.0, dual_clip=c, level=level, agg="seq-mean-token-mean")
+    close(one_token(-0.5, -1.0, -1.0)[0], math.exp(0.5))  # 1.648721
+    close(one_token(-0.5, -1.0, -1.0, dual_clip=1.5)[0], 1.5)
+    close(one_token(-0.5, -1.0, -1.0, dual_clip=3.0)[0], 1.648721)
+    with pytest.raises(ValueError, match="dual_clip"):
+        config.RLConfig(dual_clip=1.0).validate()
+    config.RLConfig(dual_clip=3.0).validate()
+    config.RLConfig(dual_clip=None).validate()
+
+
 def test_extreme_log_ratio_stays_finite():
     # a log-ratio of 80 nats would overflow exp in float32; the clamp keeps loss and gradient finite
     lp = torch.tensor([[0.0, -1.0]], requires_grad=True)
@@ -201,6 +218,64 @@ def test_extreme_log_ratio_stays_finite():
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(lp.grad).all()
     assert math.isfinite(stats["ratio_max"]) and math.isfinite(stats["approx_kl"])
+
+
+def exact_and_ours(d, advantage, dual_clip, eps=0.2):
+    """By hand, float64: the exact PPO loss gradient d/dlogprob at log-ratio d, and minirl's (value, gradient).
+
+    One token, per-token loss max(-A r, -A clip(r, 1 - eps, 1 + eps)), capped at c |A| for A < 0 with a dual clip.
+    minirl's r is e^d up to 20 nats and e^20 (1 + d - 20) above (the tangent), so r' = e^20 there.
+    """
+    r_exact, r, r_slope = math.exp(d), math.exp(d), math.exp(d)
+    if d > 20:
+        r, r_slope = math.exp(20) * (1 + d - 20), math.exp(20)
+
+    def branch(ratio):  # which branch is active, and the loss value
+        unclipped, clipped = -advantage * ratio, -advantage * min(max(ratio, 1 - eps), 1 + eps)
+        loss, active = (unclipped, "unclipped") if unclipped >= clipped else (clipped, "clipped")
+        if dual_clip is not None and advantage < 0 and -advantage * dual_clip < loss:
+            loss, active = -advantage * dual_clip, "dual"
+        return loss, active
+
+    _, active_exact = branch(r_exact)
+    loss, active = branch(r)
+    assert active == active_exact  # the continuation never changes which branch is active
+    exact_grad = -advantage * r_exact if active == "unclipped" else 0.0
+    grad = -advantage * r_slope if active == "unclipped" else 0.0
+    return loss, grad, exact_grad
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "sequence-token"])
+@pytest.mark.parametrize("d", [25.0, 50.0, 100.0, -25.0, -50.0, -100.0])
+@pytest.mark.parametrize("advantage", [1.0, -1.0])
+@pytest.mark.parametrize("dual_clip", [None, 3.0])
+def test_policy_gradient_past_the_ratio_cap_keeps_the_exact_sign(level, d, advantage, dual_clip):
+    # log-ratio d = logprob - old_logprob. Where each branch is active (eps 0.2):
+    #   d > 0, A = +1: r > 1.2, clipped: loss -1.2, gradient 0 (exact 0).
+    #   d > 0, A = -1: unclipped, loss -A r = r: d = 25 -> e^20 * 6 = 2.910991e9, gradient e^20 = 4.851652e8 > 0
+    #     (exact e^25 = 7.200490e10 > 0; a clamp at 20 nats used to give 0). With dual clip 3: loss 3, gradient 0.
+    #   d < 0, A = +1: r < 0.8, unclipped: loss -r = -e^d, gradient -e^d < 0, exact (no clamp below: e^-100 =
+    #     3.720076e-44 in float64; a clamp at -20 used to give -e^-20 and gradient 0).
+    #   d < 0, A = -1: r < 0.8, clipped at 0.8: loss 0.8, gradient 0 (exact 0).
+    # With one token per sequence the sequence levels have the same ratio, hence the same numbers.
+    expected_loss, expected_grad, exact_grad = exact_and_ours(d, advantage, dual_clip)
+    agg = "token-mean" if level == "token" else "seq-mean-token-mean"
+    loss, grad, _, stats = one_token(d - 1.0, -1.0, advantage, dual_clip=dual_clip, level=level, agg=agg)
+    assert math.isfinite(loss) and math.isfinite(grad)
+    assert loss == pytest.approx(expected_loss, rel=1e-12)
+    assert grad == pytest.approx(expected_grad, rel=1e-12, abs=0)
+    assert (grad > 0) == (exact_grad > 0) and (grad < 0) == (exact_grad < 0) and (grad == 0) == (exact_grad == 0)
+    assert all(math.isfinite(v) for v in stats.values())
+    if (d, advantage, dual_clip) == (25.0, -1.0, None):
+        assert (loss, grad, exact_grad) == pytest.approx((2.910991172e9, 4.851651954e8, 7.200489934e10), rel=1e-9)
+
+
+def test_approx_kl_past_the_cap_is_finite_and_still_increasing():
+    # k3 of KL(pi_old || pi) per token: r - 1 - log r with log r = d; past 20 nats r = e^20 (1 + d - 20):
+    # d = 25: 6 e^20 - 26 = 2.910991146e9; d = 50: 31 e^20 - 51 = 1.504012101e10 (a clamped r would give
+    # e^20 - 1 - d, DEcreasing in d); d = -25: e^-25 - 1 + 25 = 24 (exact)
+    kls = [one_token(d - 1.0, -1.0, 1.0)[3]["approx_kl"] for d in (25.0, 50.0, -25.0)]
+    assert kls == pytest.approx([6 * math.exp(20) - 26, 31 * math.exp(20) - 51, 24 + math.exp(-25)], rel=1e-12)
 
 
 def test_token_mean_vs_seq_mean_on_two_rows():

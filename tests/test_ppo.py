@@ -50,6 +50,24 @@ def test_gae_padded_row_matches_on_prefix_and_never_reads_padding():
     assert not torch.allclose(a[1, :3], a[0, :3])
 
 
+def test_gae_refuses_a_mask_that_is_not_a_prefix():
+    # mask [1, 0, 1] has no single end: the loop used to give A = [0, 0, 1] silently (the first token saw next
+    # value 0 and next advantage 0 from the hole, the last one r - V = 1 - 0). Now an error naming the mask.
+    with pytest.raises(ValueError, match=r"mask must be a prefix of ones.*row 1 is \[1\.0, 0\.0, 1\.0\]"):
+        advantages.gae(t([0, 0, 1], [0, 0, 1]), t([0, 0, 0], [0, 0, 0]), t([1, 1, 1], [1, 0, 1]))
+    with pytest.raises(ValueError, match="mask must be a prefix"):
+        advantages.gae(t([0, 0, 1]), t([0, 0, 0]), torch.tensor([[False, True, True]]))
+    # prefixes of any length pass, the empty one included: [1, 1, 0] and [0, 0, 0]
+    a, _ = advantages.gae(t([0, 1, 9], [9, 9, 9]), t([0, 0, 9], [9, 9, 9]), t([1, 1, 0], [0, 0, 0]))
+    close(a, [[0.95, 1.0, 0.0], [0.0, 0.0, 0.0]])  # A_1 = 1 - 0; A_0 = 0 + 0 - 0 + 0.95 * 1 = 0.95
+
+
+def test_token_level_rewards_refuses_a_mask_that_is_not_a_prefix():
+    # [1, 0, 1] sums to 2, so the score would land on position 1, a masked token
+    with pytest.raises(ValueError, match=r"mask must be a prefix of ones.*row 0"):
+        rewards.token_level_rewards(torch.tensor([1.0]), torch.tensor([[1, 0, 1]]))
+
+
 def test_gae_padding_as_bool_mask_and_fully_masked_row():
     a, r = advantages.gae(t([1, 1, 1]), t([3, 3, 3]), torch.tensor([[False, False, False]]))
     close(a, [[0.0, 0.0, 0.0]])

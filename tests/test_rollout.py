@@ -1,9 +1,11 @@
 """Tests of minirl.rollout: completion masks, token log-probs at the sampling temperature, generate, concat."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from minirl import models, rollout
 from minirl.tokenizer import build_tokenizer
@@ -187,6 +189,100 @@ def test_generate_behaviour_logprobs_are_the_samplers(tiny):
     sampler = torch.stack(out.scores, 1).float().log_softmax(-1).gather(
         -1, r.completion_ids.unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(r.logprobs, sampler * r.completion_mask, atol=1e-5, rtol=0)
+
+
+# --- no sampler setting leaks from a checkpoint's generation_config.json ------------------------------------------
+def sampler_capturing(model):
+    """Wrap ``model.generate`` so that it also records the processed scores the sampler drew from (output_scores);
+    what rollout.generate passes is otherwise unchanged. Returns the list the scores are appended to."""
+    captured, original = [], model.generate
+
+    def generate(*args, generation_config=None, **kwargs):
+        cfg = copy.deepcopy(generation_config)
+        cfg.output_scores, cfg.return_dict_in_generate = True, True
+        out = original(*args, generation_config=cfg, **kwargs)
+        captured.append(torch.stack(out.scores, 1).float())  # (B, T, V) processed logits, one per step
+        return out.sequences
+
+    model.generate = generate
+    return captured
+
+
+def checkpoint(tmp_path, tok, small=True, **generation_settings):
+    """A sharp tiny model (final-norm weight x6, so the logits are far from uniform and every logits processor
+    matters) saved with the given generation_config.json and loaded back with models.load."""
+    sizes = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64) if small else {}
+    model = models.tiny_dense(tok, seed=0, **sizes)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(6)
+    model.generation_config = GenerationConfig(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                               bos_token_id=tok.bos_token_id, **generation_settings)
+    model.save_pretrained(tmp_path)
+    lm = models.load(str(tmp_path))
+    assert all(getattr(lm.generation_config, k) is not None for k in generation_settings)  # really there
+    return lm
+
+
+def test_checkpoint_repetition_penalty_does_not_reach_the_sampler(tmp_path):
+    # The issue's case: generation_config.repetition_penalty = 1.05 in the checkpoint. transformers' repetition
+    # penalty divides the logit z_i of every token already in the sequence by 1.05 if z_i > 0 (else multiplies
+    # it), so the sampler drew from log_softmax(z~) while the behaviour log-prob is log_softmax(z)[token]
+    # (here -0.9061 against -1.0393 for the sampled token on this CPU). Compute both by hand from the logits.
+    tok = build_tokenizer()
+    lm = checkpoint(tmp_path, tok, small=False, repetition_penalty=1.05)
+    scores = sampler_capturing(lm)
+    torch.manual_seed(0)
+    r = rollout.generate(lm, tok, ["1+2="], 1, 1)
+    ids = tok(["1+2="], return_tensors="pt").input_ids  # (1, P): <bos> 1 + 2 =
+    with torch.no_grad():
+        z = lm(input_ids=ids).logits[0, -1].float()  # (V,) the logits of the first completion token
+    token = r.completion_ids[0, 0]
+    plain = z.log_softmax(-1)[token]
+    seen = torch.zeros_like(z, dtype=torch.bool)
+    seen[ids[0]] = True
+    penalised = torch.where(seen, torch.where(z > 0, z / 1.05, z * 1.05), z).log_softmax(-1)[token]
+    assert abs(plain - penalised) > 1e-2  # the checkpoint's setting would have changed the distribution
+    close(r.logprobs[0, 0], plain, atol=1e-5)
+    close(scores[0].log_softmax(-1)[0, 0, token], plain, atol=1e-5)  # the sampler drew from plain softmax(z)
+    assert lm.generation_config.repetition_penalty == 1.05  # the model's own config is restored afterwards
+
+
+@pytest.mark.parametrize("setting", [
+    dict(repetition_penalty=1.5), dict(min_p=0.2), dict(typical_p=0.5), dict(no_repeat_ngram_size=1),
+    dict(top_k=3), dict(top_p=0.5), dict(temperature=0.3), dict(epsilon_cutoff=0.05), dict(eta_cutoff=0.05),
+    dict(bad_words_ids=[[7], [12]]), dict(suppress_tokens=[5, 6, 7]), dict(begin_suppress_tokens=[5, 6, 7]),
+    dict(min_new_tokens=6), dict(sequence_bias={(9,): 4.0}), dict(exponential_decay_length_penalty=(1, 2.0)),
+    dict(renormalize_logits=True, top_k=3), dict(num_beams=2), dict(do_sample=False),
+], ids=lambda d: "+".join(d))
+def test_behaviour_logprobs_are_the_samplers_whatever_the_checkpoint_sets(tmp_path, setting):
+    # with the checkpoint's setting in force the sampler would draw from a processed distribution while the
+    # behaviour log-probs are plain log_softmax(z / T): they must agree token by token, to float precision
+    tok = build_tokenizer("0123456789+=;#")
+    lm = checkpoint(tmp_path, tok, **{"do_sample": True, **setting})
+    scores = sampler_capturing(lm)
+    T = 0.8
+    torch.manual_seed(3)
+    r = rollout.generate(lm, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
+    assert len(scores) == 1 and scores[0].shape[:2] == r.completion_ids.shape  # one sampled call, one beam
+    sampler = scores[0].log_softmax(-1).gather(-1, r.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    torch.testing.assert_close(r.logprobs, sampler * r.completion_mask, atol=1e-5, rtol=0)
+    # and both are the plain distribution at temperature T, recomputed by one forward pass
+    with torch.no_grad():
+        plain = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, T)
+    torch.testing.assert_close(r.logprobs, plain * r.completion_mask, atol=1e-5, rtol=0)
+    assert all(getattr(lm.generation_config, k) is not None for k in setting)  # the model's config is restored
+
+
+def test_greedy_ignores_the_checkpoint_too(tmp_path):
+    # greedy: each completion token is the argmax of the plain logits, even with a repetition penalty that
+    # would change which token is the largest
+    tok = build_tokenizer("0123456789+=;#")
+    lm = checkpoint(tmp_path, tok, do_sample=True, repetition_penalty=3.0, no_repeat_ngram_size=1)
+    r = rollout.generate(lm, tok, PROMPTS, 1, max_new_tokens=8, greedy=True)
+    with torch.no_grad():
+        logits = rollout.completion_logits(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens)  # (B, T, V)
+    valid = r.completion_mask > 0
+    assert torch.equal(r.completion_ids[valid], logits.argmax(-1)[valid])
 
 
 def test_rollout_fields_are_consistent(tiny):

@@ -53,6 +53,18 @@ def test_score_negative_and_leading_zero_answers():
     assert tasks.score("#021", "21").correct  # an exact integer match, not a string match
 
 
+def test_a_reference_answer_that_is_not_an_integer_is_an_error_naming_it():
+    # used to be "ValueError: invalid literal for int()" from deep inside the reward, and only for completions
+    # that were well formed; now the same clear error for every completion
+    for completion in ("1+8=9#9", "no answer", "#nine"):
+        with pytest.raises(ValueError, match="reference answer 'nine' is not an integer"):
+            tasks.score(completion, "nine")
+    with pytest.raises(ValueError, match="reference answer None"):
+        tasks.score("#9", None)
+    # an integer, as text or as an int, is fine: "#9" against 9 -> correct; "#-3" against " -3 " -> correct
+    assert tasks.score("#9", 9).correct and tasks.score("#-3", " -3 ").correct
+
+
 def test_the_scratchpad_does_not_count_only_the_answer():
     # a wrong scratchpad with the right final answer is rewarded: the check is on the answer after '#'
     assert tasks.score("1+1=3#21", "21").reward == 1.0
@@ -99,6 +111,8 @@ GOOD = json.dumps({"prompt": "1+2=", "completion": "1+2=3#3", "answer": "3"})
     ('["1+2=", "1+2=3#3", "3"]', "expected a JSON object"),
     ('{"prompt": "1+2=", "completion": "1+2=3#3"}', "'answer'"),
     ('{"prompt": "1+2=", "completion": "1+2=3#3", "answer": 3}', "'answer'"),
+    ('{"prompt": "1+2=", "completion": "1+2=3#3", "answer": "nine"}', "answer 'nine' is not an integer"),
+    ('{"prompt": "1+2=", "completion": "1+2=3#3", "answer": "3.0"}', "answer '3.0' is not an integer"),
 ])
 def test_malformed_line_names_file_and_line(tmp_path, bad, why):
     (tmp_path / "train.jsonl").write_text("\n".join([GOOD, GOOD, bad, GOOD]) + "\n")
