@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from . import tasks
+from .checks import zero_outside
 from .kl import exact_token_kl
 from .rewards import score_completions
 from .rollout import completion_logits, dataset_columns, generate
@@ -137,7 +138,7 @@ def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, tem
     kl_t = exact_token_kl(logits, ref_logits, temperature)  # (B, T)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
     entropy_t = -(logp.exp() * logp).sum(-1)  # (B, T)
-    return (kl_t * mask).sum(-1), (entropy_t * mask).sum(-1)
+    return zero_outside(kl_t, mask).sum(-1), zero_outside(entropy_t, mask).sum(-1)
 
 
 def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, samples_per_prompt: int,

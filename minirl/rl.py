@@ -25,6 +25,7 @@ from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
 from . import kl, losses, models, rewards, rollout, sampling, tasks
+from .checks import zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
@@ -83,7 +84,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
         kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
         if ref_logprobs is not None:
-            kl_tokens = kl.kl_estimate(old_logprobs, ref_logprobs, cfg.kl_estimator) * mask
+            kl_tokens = kl.kl_estimate(old_logprobs, ref_logprobs, cfg.kl_estimator, mask)  # 0 on padding
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
         advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta, critic)
@@ -172,11 +173,11 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
     if cfg.routing_replay:
         with record_routing(model) as routes:
             old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P, cfg.temperature)
-        old_logprobs = old_logprobs * mask
+        old_logprobs = zero_outside(old_logprobs, mask)
     ref_logprobs = None
     if ref_model is not None:
-        ref_logprobs = rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
-                                              cfg.temperature) * mask
+        ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
+                                                           cfg.temperature), mask)
     return old_logprobs, ref_logprobs, routes
 
 
@@ -203,7 +204,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
         token_rewards = rewards.token_level_rewards(total_rewards, mask)  # (B, T) score on the last token
         if kl_in_reward:
             token_rewards = token_rewards - beta * kl_tokens  # r_t - beta * k(t), detached
-        old_values = models.token_values(critic, batch.input_ids, batch.attention_mask, batch.n_prompt_tokens) * mask
+        old_values = zero_outside(models.token_values(critic, batch.input_ids, batch.attention_mask,
+                                                      batch.n_prompt_tokens), mask)
         advantages, returns = adv.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
         return (adv.whiten(advantages, mask) if cfg.whiten_advantages else advantages), returns, old_values
     if kl_in_reward:  # group baseline of the outcome, KL penalties summed to go
@@ -323,8 +325,8 @@ def kl_loss_term(logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: f
     """The KL in the loss: the per-token estimate, differentiated, aggregated like the policy loss (by sequence
     under GSPO, whose policy loss has one term per sequence)."""
     agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
-    return losses.aggregate(kl.kl_in_loss(logprobs, micro.ref_logprobs, cfg.kl_estimator), micro.loss_mask, agg,
-                            cfg.max_new_tokens, denominator)
+    per_token = kl.kl_in_loss(logprobs, micro.ref_logprobs, cfg.kl_estimator, micro.loss_mask)  # (b, T)
+    return losses.aggregate(per_token, micro.loss_mask, agg, cfg.max_new_tokens, denominator)
 
 
 def value_loss_term(critic, micro: RLBatch, cfg: RLConfig, n_tokens: float) -> tuple[Tensor, dict]:
