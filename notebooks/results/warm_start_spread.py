@@ -1,0 +1,56 @@
+"""Where the warm start lands, over seeds and thread counts: writes warm_start_spread.json beside this file.
+
+Each (seed, threads) pair runs in its own process (the thread count must be set before torch starts):
+``python notebooks/results/warm_start_spread.py`` from the repository root (about 2 minutes a run on 2 idle
+cores). Every run trains ``warm_start(profile="cpu", cache=False)`` and measures the held-out split: greedy, and
+4 samples per prompt at T = 1. The file records the command, the commit and the wall time of each run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT = Path(__file__).with_suffix(".json")
+SEEDS, THREADS = (0, 1, 2), (2, 1)
+
+
+def one_run(seed: int, threads: int) -> dict:
+    import torch
+
+    from minirl import evaluation, tasks
+    from minirl.warm_start import warm_start
+
+    torch.set_num_threads(threads)
+    t0 = time.time()
+    model, tok, info = warm_start("cpu", seed=seed, cache=False, progress=False)
+    test = tasks.load_split("test")
+    sampled = evaluation.evaluate(model, tok, test, 40, 1.0, samples_per_prompt=4, seed=0)
+    greedy = evaluation.evaluate(model, tok, test, 40, greedy=True)
+    return {"seed": seed, "threads": threads, "sft_steps": len(info["sft_loss"]),
+            "validation_greedy": info["validation_checks"][-1][1], "test_greedy": greedy["accuracy"],
+            "test_sampled": sampled["accuracy"], "test_sampled_stderr": sampled["accuracy_stderr"],
+            "seconds": round(time.time() - t0, 1)}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3:  # a child process: one run, printed as JSON
+        print(json.dumps(one_run(int(sys.argv[1]), int(sys.argv[2]))))
+        sys.exit(0)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    runs = []
+    for seed in SEEDS:
+        for threads in THREADS:
+            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MINIRL_PROFILE": "cpu"}
+            out = subprocess.run([sys.executable, __file__, str(seed), str(threads)], env=env, capture_output=True,
+                                 text=True, check=True).stdout
+            runs.append(json.loads(out.strip().splitlines()[-1]))
+            print(runs[-1], flush=True)
+    OUT.write_text(json.dumps({"command": "python notebooks/results/warm_start_spread.py", "commit": commit,
+                               "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}",
+                               "runs": runs}, indent=1) + "\n")
+    print(f"wrote {OUT}")
