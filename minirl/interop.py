@@ -163,8 +163,9 @@ def pref_trl_kwargs(cfg: PrefConfig) -> tuple[str, dict]:
     dpo -> DPOConfig(loss_type=["sigmoid"], beta); ipo -> DPOConfig(loss_type=["ipo"], beta=tau), which averages
     log-probs per token (so only ``reduction="mean"`` maps); kto -> KTOConfig(beta, desirable_weight=lambda_d,
     undesirable_weight=lambda_u); simpo -> CPOConfig (trl.experimental.cpo) with loss_type="simpo",
-    simpo_gamma = gamma / beta (TRL's margin is divided by beta, minirl's is absolute) and cpo_alpha = 0 (no NLL
-    term: pure SimPO). TRL's DPO has no SimPO loss; CPO's is the one TRL 1.16 supports.
+    simpo_gamma = gamma (CPO's loss is -log sigmoid(beta * (c - r - simpo_gamma / beta)), so simpo_gamma is the
+    absolute margin, as minirl's gamma) and cpo_alpha = 0 (no NLL term: pure SimPO). TRL 1.16's DPO has no SimPO
+    loss; CPO's is the one it supports.
 
     Returns:
         (trainer name: "DPOTrainer" | "KTOTrainer" | "CPOTrainer", config keyword arguments).
@@ -198,7 +199,7 @@ def pref_trl_kwargs(cfg: PrefConfig) -> tuple[str, dict]:
     if cfg.method == "kto":
         return "KTOTrainer", dict(loss_type="kto", beta=opts["beta"], desirable_weight=cfg.lambda_d,
                                   undesirable_weight=cfg.lambda_u, **common)
-    return "CPOTrainer", dict(loss_type="simpo", beta=opts["beta"], simpo_gamma=cfg.gamma / opts["beta"],
+    return "CPOTrainer", dict(loss_type="simpo", beta=opts["beta"], simpo_gamma=cfg.gamma,
                               cpo_alpha=0.0, **common)
 
 
