@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--profile", default=None, choices=sorted(PROFILES))
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--repeats", type=int, default=5, help="timed steps per model (default 5)")
+    bench.add_argument("--vs-trl", action="store_true",
+                       help="time one GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating "
+                            "the two, and print the ratio with its spread (needs the [trl] extra)")
     args = parser.parse_args(argv)
 
     if args.command == "train":
@@ -82,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{b['sampled_accuracy']:.3f} -> {a['sampled_accuracy']:.3f}")
         print(f"held-out accuracy, greedy:             {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
         print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/curves.png")
+        return 0
+    if args.vs_trl:
+        from .bench import run_vs_trl
+
+        print(json.dumps(run_vs_trl(args.seed, args.repeats), indent=2))
         return 0
     from .bench import run_bench
 

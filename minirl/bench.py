@@ -128,3 +128,111 @@ def run_bench(profile: str | None = None, seed: int = 0, repeats: int = 5) -> di
     if prof.device != "cuda":
         result["peak_rss_mb"] = round(_peak_rss_mb(), 1)  # one figure for the whole process, both models
     return result
+
+
+# ------------------------------------------------------------------------------------------------ --vs-trl
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unavailable"
+
+
+def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, group_size: int = 8,
+               completion_tokens: int = 40) -> dict:
+    """One GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating the two; the ratio of their
+    times with its spread.
+
+    Identical work: the same local checkpoint (the cpu profile's tiny dense model, random weights, written with
+    ``save_pretrained`` and read back with ``models.load`` for each side), the same prompts (the first
+    ``prompts_per_step`` of the train split), the same reward (``tasks.running_sums_reward``), ``group_size``
+    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens``), the GRPO preset
+    (beta 0.04, so a reference forward on both sides), one optimiser step per rollout, float32, the same process
+    and threads. TRL runs its real training loop (``trainer.train()``); a callback times each of its steps from
+    ``on_step_begin`` (before generation) to ``on_step_end`` (after the optimiser step) and runs one minirl step in
+    between, so the two alternate and share whatever load the machine has. The first step of each is a warm-up.
+
+    Returns:
+        dict: seconds per step (median, min, max) for each, ``ratio_trl_over_minirl`` (median and min-max over the
+        repeats, pairing each TRL step with the minirl step after it), the load average before and after, versions.
+
+    Raises:
+        ImportError: when TRL is not installed (``pip install -e ".[trl]"``).
+    """
+    import contextlib
+    import io
+    import os
+    import tempfile
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+    from trl import __version__ as trl_version
+
+    from . import interop, rl
+    from .config import PROFILES, make_config
+
+    prof = PROFILES["cpu"]
+    set_seed(seed)
+    tokenizer = build_tokenizer()
+    data = tasks.load_split("train").select(range(prompts_per_step))
+    cfg = make_config("grpo", seed=seed, steps=repeats + 1, prompts_per_step=prompts_per_step,
+                      group_size=group_size, max_new_tokens=completion_tokens, num_minibatches=1, progress=False)
+    load_before = _loadavg()
+    with tempfile.TemporaryDirectory() as ckpt:
+        models.tiny_dense(tokenizer, seed=seed, **prof.dense).save_pretrained(ckpt)
+        tokenizer.save_pretrained(ckpt)
+        # --- minirl: the stages of rl.train_rl, one step per call
+        policy = models.load(ckpt)
+        policy.generation_config.min_new_tokens = completion_tokens  # rollout.generate keeps the model's setting
+        ref = rl.reference_model(policy, None, cfg)
+        optimizer = rl.make_optimizer(policy, None, cfg)
+        gen = torch.Generator().manual_seed(seed)
+
+        def minirl_step() -> float:
+            t0 = time.perf_counter()
+            batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, tasks.running_sums_reward, None, gen)
+            old, ref_lp, routes = rl.behaviour_logprobs(policy, ref, batch, cfg)
+            adv, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg, cfg.beta)
+            mb = rl.RLBatch(batch.input_ids, batch.attention_mask, batch.completion_mask, batch.completion_mask,
+                            old, adv, ref_lp, None, None, routes, batch.n_prompt_tokens)
+            rl.update_minibatch(policy, optimizer, mb, cfg, beta=cfg.beta)
+            assert int(batch.completion_mask.sum()) == prompts_per_step * group_size * completion_tokens
+            return time.perf_counter() - t0
+
+        # --- TRL: its own loop, timed by a callback that runs a minirl step between two TRL steps
+        times = {"minirl": [], "trl": []}
+
+        class Alternate(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kw):
+                self.t0 = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kw):
+                times["trl"].append(time.perf_counter() - self.t0)
+                times["minirl"].append(minirl_step())
+
+        with tempfile.TemporaryDirectory() as out:
+            args = interop.to_trl(cfg, output_dir=out, report_to="none", use_cpu=True, logging_steps=10**6,
+                                  save_strategy="no", disable_tqdm=True, max_steps=repeats + 1,
+                                  generation_kwargs={"min_new_tokens": completion_tokens})
+            trainer = GRPOTrainer(model=models.load(ckpt), reward_funcs=tasks.running_sums_reward, args=args,
+                                  train_dataset=data, processing_class=tokenizer, callbacks=[Alternate()])
+            with contextlib.redirect_stdout(io.StringIO()):  # TRL prints its run summary; keep stdout JSON
+                trainer.train()
+    trl_t, mini_t = times["trl"][1:], times["minirl"][1:]  # drop the warm-up step of each
+    ratios = [a / b for a, b in zip(trl_t, mini_t, strict=True)]
+
+    def summary(xs):
+        return {"median": round(statistics.median(xs), 4), "min": round(min(xs), 4), "max": round(max(xs), 4)}
+
+    return {
+        "work": f"{prompts_per_step} prompts x {group_size} completions of exactly {completion_tokens} tokens, "
+                f"GRPO preset (beta {cfg.beta}, k3 in the loss), one optimiser step per rollout, float32",
+        "model_parameters": models.count_parameters(policy), "repeats": len(ratios),
+        "minirl_seconds": summary(mini_t), "trl_seconds": summary(trl_t),
+        "ratio_trl_over_minirl": summary(ratios),
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "trl": trl_version,
+        "loadavg_before": load_before, "loadavg_after": _loadavg(),
+        "machine": platform.processor() or platform.machine(),
+    }

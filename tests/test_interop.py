@@ -1,0 +1,454 @@
+"""The bridge to TRL: the same inputs through TRL 1.16's own loss code and through minirl's give the same loss and
+gradient (1e-6), preset by preset, over several optimisation steps of one rollout (so ratios move away from 1 and
+some are clipped), with padded completions of different lengths; each convention difference has a test showing its
+size; each switch TRL lacks raises NotImplementedError naming it.
+
+TRL's side is the real trainer: a GRPOTrainer / DPOTrainer / KTOTrainer built on a tiny local model, whose
+``compute_loss`` (``_compute_loss``) is fed the inputs dict its ``_generate_and_score_completions`` would produce.
+minirl's side is ``rl.update_minibatch`` (policy_loss + kl_in_loss + aggregate, exactly as train_rl composes them)
+or ``preference_loop``'s loss functions. Skipped when TRL is not installed (``pip install -e ".[trl]"``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+trl = pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]' runs the bridge's tests")
+
+import datasets  # noqa: E402
+
+from minirl import interop, models, rewards, rl, rollout  # noqa: E402
+from minirl.advantages import group_advantages  # noqa: E402
+from minirl.config import ENGINE_EQUIVALENTS, make_config  # noqa: E402
+from minirl.preference_loop import PrefConfig, encode_completions, preference_kto_loss, preference_pair_loss  # noqa: E402
+from minirl.tokenizer import build_tokenizer  # noqa: E402
+
+TOL = 1e-6  # absolute; for a loss above 1 (IPO's ~25), relative: float32 carries ~1e-7 of it in round-off
+G = 4  # completions per prompt
+PROMPTS = ["1+2=", "3+4+5="]  # different lengths: the prompt batch is left-padded
+# completions of different lengths (EOS appended, then right-padded): "3#3" has 4 tokens, "1+2=3;3+3=6#6" 14, ...
+COMPLETIONS = ["3#3", "1+2=3#3", "1+2=3;3+3=6#6", "9", "12#12", "3+4=7;7+5=12#12", "7#7", "3+4=7#7"]
+REWARDS = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # scripted: two groups with signal
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def base_model(tok, tmp_path_factory):
+    """The tiny model saved with save_pretrained and loaded back with models.load: TRL builds its reference model
+    from the same local directory (no download)."""
+    path = tmp_path_factory.mktemp("tiny")
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return models.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def rollout_batch(tok):
+    """The tensors of one rollout of 2 prompts x G = 4 completions, laid out as rollout.generate lays them out."""
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    prompt_ids = enc.input_ids.repeat_interleave(G, 0)  # (B, P)
+    prompt_mask = enc.attention_mask.repeat_interleave(G, 0)  # (B, P)
+    ids = [tok(c, add_special_tokens=False).input_ids + [tok.eos_token_id] for c in COMPLETIONS]
+    T = max(map(len, ids))
+    completion_ids = torch.tensor([c + [tok.pad_token_id] * (T - len(c)) for c in ids])  # (B, T)
+    mask = rollout.completion_mask(completion_ids, tok.eos_token_id)  # (B, T)
+    return dict(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=completion_ids, mask=mask)
+
+
+def grpo_trainer(model, tok, cfg, tmp_path, **trl_args):
+    """TRL's GRPOTrainer on ``model`` with ``to_trl(cfg)`` (nothing is generated: its loss is called directly)."""
+    args = interop.to_trl(cfg, output_dir=str(tmp_path), report_to="none", use_cpu=True, logging_steps=1,
+                          **trl_args)
+    data = datasets.Dataset.from_dict({"prompt": PROMPTS})
+    trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda prompts, completions, **_: [0.0] * len(prompts),
+                              args=args, train_dataset=data, processing_class=tok)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
+    return trainer
+
+
+def run_both(cfg, tok, base_model, batch, tmp_path, steps=3, lr=3e-2, loss_mask=None, old_shift=None, rows=None,
+             trl_args=None, ref_model=None):
+    """``steps`` optimiser steps on ONE rollout: before each, TRL's and minirl's loss and gradient on the same
+    weights, with the same old (rollout-time) and reference log-probs; then minirl's AdamW step, copied to TRL's
+    model. ``rows`` trains on those rows of the rollout only (one minibatch), TRL's num_items_in_batch still
+    counting the whole rollout, as its generation batch does. Returns per step (trl_loss, minirl_loss,
+    max |grad difference|, max |grad|, ratio_min, ratio_max, minirl grads, TRL grads)."""
+    model_m = copy.deepcopy(base_model)  # minirl's policy, updated by update_minibatch's AdamW
+    model_t = copy.deepcopy(base_model)  # TRL's (its forward is patched by the trainer)
+    ref = copy.deepcopy(ref_model or base_model).eval().requires_grad_(False)
+    trainer = grpo_trainer(model_t, tok, cfg, tmp_path, **(trl_args or {}))
+    P = batch["prompt_ids"].shape[1]
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = batch["mask"] if loss_mask is None else loss_mask
+    attention_mask = torch.cat([batch["prompt_mask"], mask.long()], 1)
+    with torch.no_grad():
+        old = rollout.token_logprobs(model_m, input_ids, attention_mask, P) * mask  # pi_old = the rollout's policy
+        ref_lp = rollout.token_logprobs(ref, input_ids, attention_mask, P) * mask
+    if old_shift is not None:
+        old = old + old_shift
+    advantages = group_advantages(REWARDS, G, cfg.adv_scale)  # (B,), as both compute them (tested below)
+    mb = rl.RLBatch(input_ids, attention_mask, mask, mask, old, advantages, ref_lp if cfg.beta else None,
+                    n_prompt_tokens=P)
+    inputs = dict(prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
+                  completion_ids=batch["completion_ids"], completion_mask=mask.long(), advantages=advantages,
+                  old_per_token_logps=old, num_items_in_batch=mask.sum())
+    if rows is not None:
+        mb = mb[rows]
+        inputs = {k: (v if k == "num_items_in_batch" else v[rows]) for k, v in inputs.items()}
+        ref_lp = ref_lp[rows]
+    if cfg.beta:
+        inputs["ref_per_token_logps"] = ref_lp
+    opt = torch.optim.AdamW(model_m.parameters(), lr=lr)
+    out = []
+    for _ in range(steps):
+        model_t.load_state_dict(model_m.state_dict())
+        model_t.zero_grad(set_to_none=True)
+        loss_t = trainer.compute_loss(model_t, inputs)
+        loss_t.backward()
+        grads_t = [p.grad.clone() for p in model_t.parameters()]
+        stats = rl.update_minibatch(model_m, opt, mb, cfg, beta=cfg.beta)  # the grads stay in .grad after step
+        grads_m = [p.grad for p in model_m.parameters()]
+        diff = max(float((a - b).abs().max()) for a, b in zip(grads_t, grads_m, strict=True))
+        scale = max(float(b.abs().max()) for b in grads_m)
+        out.append((float(loss_t.detach()), stats["loss"], diff, scale, stats["ratio_min"], stats["ratio_max"],
+                    [g.clone() for g in grads_m], grads_t))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the presets
+PRESETS = {  # the preset, with the sizes of this test: one minibatch per rollout, several epochs (mu) over it
+    "grpo": {}, "dr_grpo": {}, "gspo": {}, "gspo_token": {},
+    "dapo": {"dynamic_sampling": False, "overlong_shaping": False},  # TRL lacks the first; the second is a reward
+    "grpo_dual_clip": {"dual_clip": 1.5},  # TRL's delta: the ratios of this rollout reach 3, so it bites
+}
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_loss_and_gradient_match_trl(name, tok, base_model, rollout_batch, tmp_path):
+    algo = name.removesuffix("_dual_clip")
+    cfg = make_config(algo, prompts_per_step=2, group_size=G, num_minibatches=1, num_iterations=3,
+                      max_new_tokens=16, max_grad_norm=1e9, progress=False, **PRESETS[name])
+    results = run_both(cfg, tok, base_model, rollout_batch, tmp_path)
+    for step, (loss_t, loss_m, gdiff, gscale, *_) in enumerate(results):
+        assert abs(loss_t - loss_m) < TOL, (step, loss_t, loss_m)
+        assert gdiff < TOL, (step, gdiff, gscale)
+        assert gscale > 1e-3  # a real gradient, not two zeros
+    # after the first update the ratios are no longer 1 (the later steps are off-policy, as the tests intend)
+    ratio_min, ratio_max = results[-1][4], results[-1][5]
+    assert ratio_max - ratio_min > (1e-4 if algo.startswith("gspo") else 1e-2)
+
+
+def test_dual_clip_is_exercised(tok, base_model, rollout_batch, tmp_path):
+    """The dual-clip case above is not vacuous: with c = 1.5 the loss differs from the run without it."""
+    kw = dict(prompts_per_step=2, group_size=G, num_minibatches=1, num_iterations=3, max_new_tokens=16,
+              max_grad_norm=1e9, progress=False)
+    plain = run_both(make_config("grpo", **kw), tok, base_model, rollout_batch, tmp_path)
+    dual = run_both(make_config("grpo", dual_clip=1.5, **kw), tok, base_model, rollout_batch, tmp_path)
+    assert max(abs(p[1] - d[1]) for p, d in zip(plain, dual, strict=True)) > 1e-3
+
+
+def test_advantages_match_trl_formula():
+    """TRL 1.16 computes (r - group mean) / (unbiased group std + 1e-4) ("group"), (r - mean) alone ("none");
+    by hand for the scripted rewards: group [1, 1, 0, 0] has mean 0.5, std sqrt(1/3) = 0.57735, so
+    A = +-0.5 / 0.57745 = +-0.865876; minirl's group_advantages gives the same."""
+    a = group_advantages(REWARDS, G, "group")
+    assert torch.allclose(a, torch.tensor([1, 1, -1, -1, 1, 1, -1, -1]) * 0.5 / (3 ** -0.5 + 1e-4), atol=1e-6)
+    assert torch.equal(group_advantages(REWARDS, G, "none"), torch.tensor([.5, .5, -.5, -.5, .5, .5, -.5, -.5]))
+
+
+# ------------------------------------------------------------------------------------------------ conventions
+def one_step(cfg_name, tok, base_model, batch, tmp_path, **kw):
+    cfg = make_config(cfg_name, prompts_per_step=2, group_size=G, num_minibatches=kw.pop("num_minibatches", 1),
+                      max_new_tokens=16, max_grad_norm=1e9, progress=False, **kw.pop("cfg", {}))
+    return run_both(cfg, tok, base_model, batch, tmp_path, steps=1, **kw)[0]
+
+
+@pytest.mark.parametrize("algo", ["grpo", "dr_grpo"])
+def test_rows_without_tokens_trl_counts_them(algo, tok, base_model, rollout_batch, tmp_path):
+    """A row whose loss mask is all zero (an overlong-filtered completion): TRL's "grpo" / "dr_grpo" divide by
+    all B = 8 rows, minirl by the 7 that have a token, so TRL's loss and gradient are 7/8 of minirl's."""
+    mask = rollout_batch["mask"].clone()
+    mask[2] = 0  # row 2 ("1+2=3;3+3=6#6", advantage -0.87) has no token left
+    loss_t, loss_m, _, _, _, _, g_m, g_t = one_step(algo, tok, base_model, rollout_batch, tmp_path, loss_mask=mask)
+    assert abs(loss_m) > 1e-3
+    assert loss_t == pytest.approx(7 / 8 * loss_m, abs=TOL)
+    assert max(float((t - 7 / 8 * m).abs().max()) for t, m in zip(g_t, g_m, strict=True)) < TOL
+
+
+def test_log_ratio_clamp(tok, base_model, rollout_batch, tmp_path):
+    """minirl clamps log-ratios to +-20 nats before exp; TRL 1.16 does not. One token of row 2 (advantage
+    A = -0.865876, 14 tokens) gets pi_old 25 nats below pi: its loss term is -A * ratio, e^25 in TRL and e^20 in
+    minirl, so TRL's GRPO loss is larger by |A| (e^25 - e^20) / (14 tokens * 8 rows) = 5.55e8; inside the clamp
+    minirl's gradient through that token is 0, TRL's is not."""
+    shift = torch.zeros_like(rollout_batch["mask"])
+    shift[2, 3] = -25.0
+    loss_t, loss_m, gdiff, *_ = one_step("grpo", tok, base_model, rollout_batch, tmp_path, old_shift=shift)
+    A = 0.5 / (3 ** -0.5 + 1e-4)
+    expected = A * (torch.tensor(25.0).exp() - torch.tensor(20.0).exp()).item() / (14 * 8)
+    assert loss_t - loss_m == pytest.approx(expected, rel=1e-4)
+    assert gdiff > 1e3  # TRL's gradient carries the e^25 ratio
+
+
+def test_dapo_normaliser_with_several_minibatches(tok, base_model, rollout_batch, tmp_path):
+    """TRL's "dapo" divides each optimiser step by the generation batch's tokens / steps_per_generation; minirl's
+    token-mean by the minibatch's own tokens. Tokens per completion (EOS included): group 0 4 + 8 + 14 + 2 = 28,
+    group 1 6 + 16 + 4 + 8 = 34, rollout 62; with 2 minibatches TRL divides group 0's step by 62 / 2 = 31,
+    minirl by 28, so TRL's loss is 28/31 of minirl's. With one minibatch per rollout they agree (tested above)."""
+    assert int(rollout_batch["mask"][:4].sum()) == 28 and int(rollout_batch["mask"].sum()) == 62
+    loss_t, loss_m, *_, g_m, g_t = one_step("dapo", tok, base_model, rollout_batch, tmp_path, num_minibatches=2,
+                                            rows=torch.arange(4),
+                                            cfg=dict(dynamic_sampling=False, overlong_shaping=False))
+    assert abs(loss_m) > 1e-3
+    assert loss_t == pytest.approx(28 / 31 * loss_m, abs=TOL)
+    assert max(float((t - 28 / 31 * m).abs().max()) for t, m in zip(g_t, g_m, strict=True)) < TOL
+
+
+def test_trl_default_kl_bias_correction_changes_the_gradient(tok, base_model, rollout_batch, tmp_path):
+    """TRL 1.16's default use_bias_correction_kl=True multiplies the k3 term by the ratio r. On-policy r = 1, so
+    the loss is the same, but d(r k3) = dk3 + k3 d log pi: the gradient differs even at the first step. to_trl
+    sets it False (GRPO's loss, minirl's), which the preset tests check."""
+    ref_moved = copy.deepcopy(base_model)
+    with torch.no_grad():  # a reference away from the policy, so k3 > 0
+        for p in ref_moved.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(2)))
+    loss_t, loss_m, gdiff, gscale, *_ = one_step("grpo", tok, base_model, rollout_batch, tmp_path,
+                                                 trl_args={"use_bias_correction_kl": True}, ref_model=ref_moved)
+    assert loss_t == pytest.approx(loss_m, abs=TOL)  # same value on-policy
+    assert gdiff > 1e-4 * gscale  # not the same gradient
+
+
+def test_overlong_reward_matches_minirl():
+    """TRL's soft overlong punishment (a reward function) is minirl's overlong_penalty: max_len 20, cache 4,
+    lengths 15..21 -> 0, 0, -0.25, -0.5, -0.75, -1, -1 (DAPO eq. 13)."""
+    cfg = make_config("dapo", max_new_tokens=20, overlong_cache_len=4)
+    fns = interop.trl_reward_funcs(cfg, lambda prompts, completions, **_: [0.0] * len(prompts))
+    lengths = list(range(15, 22))
+    trl_values = fns[1](completion_ids=[[5] * n for n in lengths])
+    assert trl_values == [0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0]
+    assert trl_values == rewards.overlong_penalty(torch.tensor(lengths), 20, 4).tolist()
+
+
+# ------------------------------------------------------------------------------------------------ preference
+PAIRS = {"prompt": ["1+2=", "3+4+5="], "chosen": ["1+2=3#3", "3+4=7;7+5=12#12"], "rejected": ["3#4", "12#11"]}
+
+
+def _pref_models(base_model):
+    policy = copy.deepcopy(base_model)
+    with torch.no_grad():  # policy away from the reference, so the margins are not 0
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    return policy, copy.deepcopy(base_model).eval().requires_grad_(False)
+
+
+def _pref_inputs(tok, prompts, completions):
+    """TRL's DPO/KTO batch layout from minirl's encoding: completion_mask over the whole sequence."""
+    enc = encode_completions(tok, prompts, completions)
+    cm = torch.cat([torch.zeros(len(prompts), enc["n_prompt_tokens"]), enc["completion_mask"]], 1).long()
+    return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "completion_mask": cm}
+
+
+def _grads(model):
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _grad_gap(model_a, model_b) -> float:
+    """max |grad difference|, relative to the largest gradient entry when that is above 1 (IPO's are ~10)."""
+    a, b = _grads(model_a), _grads(model_b)
+    scale = max(1.0, max(float(g.abs().max()) for g in b))
+    return max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True)) / scale
+
+
+@pytest.mark.parametrize("method", ["dpo", "ipo", "dpo_label_smoothing"])
+def test_dpo_family_matches_trl(method, tok, base_model, tmp_path):
+    """DPO and IPO (per-token mean, as TRL averages) through DPOTrainer._compute_loss and minirl's
+    preference_pair_loss: same loss and gradient. With label_smoothing eps = 0.1 (cDPO) TRL 1.16's "sigmoid"
+    ignores eps: per pair cDPO - DPO = eps (log sig(bh) - log sig(-bh)) = eps * beta * h, so minirl's loss is
+    TRL's + 0.1 * mean(beta * h)."""
+    cfg = PrefConfig(method="ipo" if method == "ipo" else "dpo", reduction="mean" if method == "ipo" else None,
+                     batch_size=2, progress=False)
+    policy_t, ref = _pref_models(base_model)
+    policy_m = copy.deepcopy(policy_t)
+    trl_cfg = interop.to_trl(cfg, output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    if method == "dpo_label_smoothing":
+        trl_cfg.label_smoothing = 0.1
+        cfg.label_smoothing = 0.1
+        with pytest.raises(NotImplementedError, match="label_smoothing"):
+            interop.to_trl(cfg, output_dir=str(tmp_path))
+    data = datasets.Dataset.from_dict(PAIRS)
+    trainer = trl.DPOTrainer(model=policy_t, ref_model=copy.deepcopy(ref), args=trl_cfg, train_dataset=data,
+                             processing_class=tok)
+    trainer.model.train()
+    inputs = _pref_inputs(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
+    loss_t = trainer._compute_loss(policy_t, inputs, return_outputs=False)
+    loss_t.backward()
+    loss_m, stats = preference_pair_loss(policy_m, ref, tok, PAIRS, cfg)
+    loss_m.backward()
+    if method == "dpo_label_smoothing":
+        assert float(loss_m) - float(loss_t) == pytest.approx(0.1 * stats["margins"], abs=TOL)
+        assert abs(stats["margins"]) > 1e-3
+        return
+    assert float(loss_t) == pytest.approx(float(loss_m), rel=TOL, abs=TOL)  # IPO's loss is ~25: float32 round-off
+    assert _grad_gap(policy_t, policy_m) < TOL
+
+
+def test_kto_matches_trl(tok, base_model, tmp_path):
+    """KTO through KTOTrainer._compute_loss and minirl's preference_kto_loss: z0 from the mismatched pairs
+    (prompt i with completion i+1 mod B, minirl's pairing without a generator), same loss and gradient."""
+    data = {"prompt": ["1+2=", "3+4+5=", "2+2=", "5+5="], "completion": ["1+2=3#3", "12#11", "2+2=4#4", "9#9"],
+            "label": [True, False, True, False]}
+    cfg = PrefConfig(method="kto", batch_size=4, progress=False)
+    policy_t, ref = _pref_models(base_model)
+    policy_m = copy.deepcopy(policy_t)
+    trainer = trl.KTOTrainer(model=policy_t, ref_model=copy.deepcopy(ref),
+                             args=interop.to_trl(cfg, output_dir=str(tmp_path), report_to="none", use_cpu=True),
+                             train_dataset=datasets.Dataset.from_dict(data), processing_class=tok)
+    trainer.model.train()
+    inputs = _pref_inputs(tok, data["prompt"], data["completion"])
+    kl_in = _pref_inputs(tok, data["prompt"], data["completion"][1:] + data["completion"][:1])
+    inputs.update({f"KL_{k}": v for k, v in kl_in.items()}, label=torch.tensor(data["label"]))
+    loss_t = trainer._compute_loss(policy_t, inputs, return_outputs=False)
+    loss_t.backward()
+    loss_m, _ = preference_kto_loss(policy_m, ref, tok, data, cfg)
+    loss_m.backward()
+    assert float(loss_t) == pytest.approx(float(loss_m), abs=TOL)
+    assert _grad_gap(policy_t, policy_m) < TOL
+
+
+def test_simpo_matches_trl_cpo(tok, base_model, tmp_path):
+    """SimPO: TRL 1.16's form is CPOTrainer(loss_type="simpo", cpo_alpha=0); its cpo_loss on mean log-probs is
+    -log sig(beta (c - r) - simpo_gamma), minirl's simpo_loss with the absolute margin gamma = simpo_gamma."""
+    from trl.experimental.cpo import CPOTrainer
+
+    cfg = PrefConfig(method="simpo", batch_size=2, gamma=0.5, progress=False)
+    trl_cfg = interop.to_trl(cfg, output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    assert (trl_cfg.loss_type, trl_cfg.simpo_gamma, trl_cfg.cpo_alpha, trl_cfg.beta) == ("simpo", 0.5, 0.0, 2.0)
+    policy_t, _ = _pref_models(base_model)
+    policy_m = copy.deepcopy(policy_t)
+    trainer = CPOTrainer(model=policy_t, args=trl_cfg, train_dataset=datasets.Dataset.from_dict(PAIRS),
+                         processing_class=tok)
+    enc = encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
+    tok_lp = rollout.token_logprobs(policy_t, enc["input_ids"], enc["attention_mask"], enc["n_prompt_tokens"])
+    logps = rollout.sequence_logprobs(tok_lp, enc["completion_mask"], "mean")  # (2B,) the same for both
+    losses_t, _, _ = trainer.cpo_loss(logps[:2], logps[2:])
+    losses_t.mean().backward()
+    loss_m, _ = preference_pair_loss(policy_m, None, tok, PAIRS, cfg)
+    loss_m.backward()
+    assert float(losses_t.mean()) == pytest.approx(float(loss_m), abs=TOL)
+    assert _grad_gap(policy_t, policy_m) < TOL
+
+
+# ------------------------------------------------------------------------------------------------ what TRL lacks
+@pytest.mark.parametrize("algo, overrides, switch", [
+    ("ppo", {}, "advantage='gae'"),
+    ("grpo", {"kl_placement": "reward"}, "kl_placement='reward'"),
+    ("grpo", {"kl_estimator": "k2"}, "kl_estimator='k2'"),
+    ("grpo", {"kl_estimator": "k1"}, "kl_estimator='k1'"),
+    ("grpo", {"adaptive_kl": True}, "adaptive_kl"),
+    ("gspo", {"routing_replay": True}, "routing_replay"),
+    ("dapo", {}, "dynamic_sampling"),
+    ("dapo", {"dynamic_sampling": False}, "overlong_shaping"),
+    ("grpo", {"adv_eps": 1e-6}, "adv_eps"),
+    ("gspo_token", {"agg": "token-mean"}, "level='sequence-token' with agg='token-mean'"),
+    ("grpo", {"dual_clip": 1.1}, "dual_clip=1.1"),
+])
+def test_switch_trl_lacks_raises_naming_it(algo, overrides, switch):
+    with pytest.raises(NotImplementedError, match=switch.replace("(", r"\(").replace(")", r"\)")):
+        interop.to_trl(make_config(algo, **overrides), output_dir="unused")
+
+
+def test_dapo_preset_with_its_missing_switches_named():
+    """The DAPO preset maps once the caller names what TRL runs differently: no dynamic sampling, and the
+    overlong penalty as a reward function (``trl_reward_funcs``)."""
+    args = interop.to_trl(make_config("dapo"), without=("dynamic_sampling", "overlong_shaping"), output_dir="unused")
+    assert (args.loss_type, args.epsilon, args.epsilon_high, args.beta) == ("dapo", 0.2, 0.28, 0.0)
+    with pytest.raises(ValueError, match="without="):
+        interop.to_trl(make_config("grpo"), without=("routing_replay",), output_dir="unused")
+
+
+@pytest.mark.parametrize("cfg, switch", [
+    (PrefConfig(method="ipo"), "reduction='sum'"),  # the paper's sum; TRL averages per token
+    (PrefConfig(method="simpo", reduction="sum"), "reduction='sum'"),
+    (PrefConfig(method="dpo", label_smoothing=0.1), "label_smoothing"),
+    (PrefConfig(method="dpo", temperature=0.7), "temperature"),
+])
+def test_preference_setting_trl_lacks_raises(cfg, switch):
+    with pytest.raises(NotImplementedError, match=switch):
+        interop.to_trl(cfg, output_dir="unused")
+
+
+def test_presets_map_to_the_documented_trl_settings():
+    """The five presets TRL runs, with the values of ALGORITHMS (hand-copied from config.py)."""
+    g = interop.trl_kwargs(make_config("grpo"))
+    assert (g["loss_type"], g["beta"], g["epsilon"], g["scale_rewards"], g["use_bias_correction_kl"]) == \
+        ("grpo", 0.04, 0.2, "group", False)
+    d = interop.trl_kwargs(make_config("dr_grpo"))
+    assert (d["loss_type"], d["scale_rewards"], d["beta"], d["max_completion_length"]) == ("dr_grpo", "none", 0, 40)
+    for algo in ("gspo", "gspo_token"):  # TRL has no GSPO-token level: same value and gradient as GSPO (tested)
+        s = interop.trl_kwargs(make_config(algo))
+        assert (s["importance_sampling_level"], s["loss_type"], s["epsilon"], s["epsilon_high"]) == \
+            ("sequence", "grpo", 3e-4, 4e-4)
+    # one rollout: 8 prompts x 8 = 64 rows in 2 minibatches of 32 -> 2 optimiser steps per rollout, 60 rollouts
+    assert (g["per_device_train_batch_size"], g["steps_per_generation"], g["max_steps"]) == (32, 2, 120)
+
+
+def test_engine_equivalents_are_generated_from_interop():
+    assert ENGINE_EQUIVALENTS == interop.engine_equivalents()
+
+
+#: The option names of verl v0.7.0 that to_verl writes, copied from verl/trainer/config/_generated_ppo_trainer.yaml
+#: and recipe/dapo/config/dapo_trainer.yaml of that tag.
+VERL_070_KEYS = {
+    "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.gamma", "algorithm.lam",
+    "algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type",
+    "algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon", "critic.optim.lr", "critic.cliprange_value",
+    "data.train_batch_size", "data.max_response_length", "data.gen_batch_size", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.temperature", "actor_rollout_ref.rollout.top_k", "actor_rollout_ref.rollout.top_p",
+    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.ppo_epochs", "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.actor.optim.weight_decay", "actor_rollout_ref.actor.optim.clip_grad",
+    "actor_rollout_ref.actor.policy_loss.loss_mode", "actor_rollout_ref.actor.clip_ratio_low",
+    "actor_rollout_ref.actor.clip_ratio_high", "actor_rollout_ref.actor.clip_ratio_c",
+    "actor_rollout_ref.actor.loss_agg_mode", "actor_rollout_ref.actor.loss_scale_factor",
+    "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef",
+    "actor_rollout_ref.actor.kl_loss_type", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
+    "algorithm.filter_groups.max_num_gen_batches", "reward_model.reward_manager",
+    "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
+    "reward_model.overlong_buffer.penalty_factor",
+}
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token"])
+def test_verl_overrides_use_verl_070_names(algo):
+    overrides = interop.verl_overrides(make_config(algo))
+    assert {o.split("=", 1)[0] for o in overrides} <= VERL_070_KEYS
+    assert interop.to_verl(make_config(algo)) == " ".join(overrides)
+
+
+def test_verl_grpo_overrides_by_hand():
+    text = interop.to_verl(make_config("grpo"))
+    for part in ("algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True",
+                 "actor_rollout_ref.actor.kl_loss_coef=0.04", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+                 "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean", "actor_rollout_ref.rollout.n=8",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=4"):  # 8 prompts / 2 minibatches
+        assert part in text.split()
+    with pytest.raises(NotImplementedError, match="routing_replay"):
+        interop.to_verl(make_config("gspo", routing_replay=True))
+
+
+def test_minirl_does_not_import_interop_or_trl():
+    import subprocess
+    import sys
+
+    code = "import sys, minirl; assert 'minirl.interop' not in sys.modules and 'trl' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
