@@ -278,7 +278,8 @@ def simpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, beta: float = 2.0, 
         chosen_logps: (B,) mean over the completion's tokens of log pi(y_w token | ...) (nats per token).
         rejected_logps: (B,) the same for the rejected completion.
         beta: > 0, reward scale (paper: 2.0 to 2.5).
-        gamma: >= 0, target reward margin (paper: about 0.5 to 1.5; gamma / beta is what TRL asks for).
+        gamma: >= 0, target reward margin (paper: about 0.5 to 1.5); TRL's CPO ``simpo_gamma`` is the same absolute
+            margin.
 
     Returns:
         (loss, stats): loss a scalar tensor. stats (python floats, batch means): ``chosen_rewards`` =

@@ -187,15 +187,17 @@ def test_rows_without_tokens_trl_counts_them(algo, tok, base_model, rollout_batc
 
 
 def test_log_ratio_clamp(tok, base_model, rollout_batch, tmp_path):
-    """minirl clamps log-ratios to +-20 nats before exp; TRL 1.16 does not. One token of row 2 (advantage
-    A = -0.865876, 14 tokens) gets pi_old 25 nats below pi: its loss term is -A * ratio, e^25 in TRL and e^20 in
-    minirl, so TRL's GRPO loss is larger by |A| (e^25 - e^20) / (14 tokens * 8 rows) = 5.55e8; inside the clamp
-    minirl's gradient through that token is 0, TRL's is not."""
+    """minirl continues exp linearly above 20 nats (e^20 (1 + x - 20)); TRL 1.16 takes exp as it is. One token of
+    row 2 (advantage A = -0.865876, 14 tokens) gets pi_old 25 nats below pi: its loss term is -A * ratio, e^25 in
+    TRL and e^20 * (1 + 5) = 6 e^20 in minirl, so TRL's GRPO loss is larger by |A| (e^25 - 6 e^20) / (14 tokens *
+    8 rows) = 5.34e8. Both gradients through that token have the same sign; TRL's is e^5 / 1 = 148 times larger
+    (minirl's is the slope of the linear continuation, e^20)."""
     shift = torch.zeros_like(rollout_batch["mask"])
     shift[2, 3] = -25.0
     loss_t, loss_m, gdiff, *_ = one_step("grpo", tok, base_model, rollout_batch, tmp_path, old_shift=shift)
     A = 0.5 / (3 ** -0.5 + 1e-4)
-    expected = A * (torch.tensor(25.0).exp() - torch.tensor(20.0).exp()).item() / (14 * 8)
+    e = torch.tensor([25.0, 20.0], dtype=torch.float64).exp()
+    expected = A * (e[0] - 6 * e[1]).item() / (14 * 8)
     assert loss_t - loss_m == pytest.approx(expected, rel=1e-4)
     assert gdiff > 1e3  # TRL's gradient carries the e^25 ratio
 
