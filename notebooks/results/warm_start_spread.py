@@ -1,9 +1,10 @@
 """Where the warm start lands, over seeds and thread counts: writes warm_start_spread.json beside this file.
 
 Each (seed, threads) pair runs in its own process (the thread count must be set before torch starts):
-``python notebooks/results/warm_start_spread.py`` from the repository root (about 2 minutes a run on 2 idle
-cores). Every run trains ``warm_start(profile="cpu", cache=False)`` and measures the held-out split: greedy, and
-4 samples per prompt at T = 1. The file records the command, the commit and the wall time of each run.
+``python notebooks/results/warm_start_spread.py`` from the repository root, about 2 minutes a run on 2 idle cores;
+``--threads 1`` runs one thread count only and keeps the other's runs in the file. Every run trains
+``warm_start(profile="cpu", cache=False)`` and measures the held-out split: greedy, and 4 samples per prompt at
+T = 1. The file records the command, the commit and the wall time of each run.
 """
 
 from __future__ import annotations
@@ -38,13 +39,16 @@ def one_run(seed: int, threads: int) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3:  # a child process: one run, printed as JSON
+    if len(sys.argv) == 3 and sys.argv[1] != "--threads":  # a child process: one run, printed as JSON
         print(json.dumps(one_run(int(sys.argv[1]), int(sys.argv[2]))))
         sys.exit(0)
+    # ``--threads N`` runs only that thread count and adds its runs to the file (the others are kept)
+    threads_asked = (int(sys.argv[2]),) if len(sys.argv) == 3 and sys.argv[1] == "--threads" else THREADS
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    runs = []
+    old = json.loads(OUT.read_text())["runs"] if OUT.exists() else []
+    runs = [r for r in old if r["threads"] not in threads_asked]
     for seed in SEEDS:
-        for threads in THREADS:
+        for threads in threads_asked:
             env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MINIRL_PROFILE": "cpu"}
             out = subprocess.run([sys.executable, __file__, str(seed), str(threads)], env=env, capture_output=True,
                                  text=True, check=True).stdout
@@ -52,5 +56,5 @@ if __name__ == "__main__":
             print(runs[-1], flush=True)
     OUT.write_text(json.dumps({"command": "python notebooks/results/warm_start_spread.py", "commit": commit,
                                "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}",
-                               "runs": runs}, indent=1) + "\n")
+                               "runs": sorted(runs, key=lambda r: (r["seed"], -r["threads"]))}, indent=1) + "\n")
     print(f"wrote {OUT}")
