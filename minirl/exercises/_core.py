@@ -227,3 +227,11 @@ NEEDS_FINITE = ("a {n}-nat log-ratio overflows exp() to inf (and inf * 0 = NaN a
                 "log-ratio (e.g. to +-20 nats) before exp, and mask before exp, not after")
 OLD_DETACHED = ("old_logprobs was not treated as a constant: when it is the very tensor logprobs (the first "
                 "update on-policy) the ratio's gradient vanishes; detach the behaviour policy's log-probs")
+
+
+def _expect_finite(out, wrt: Tensor, what: str) -> None:
+    """Raise ``_Mismatch`` (the case's own hint) unless ``out`` and its gradient with respect to ``wrt`` are finite."""
+    out_t = _as_tensor(out, what)
+    g = _grad(out, wrt)
+    if not (torch.isfinite(out_t).all() and torch.isfinite(g).all()):
+        raise _Mismatch(None, f"{what} {_fmt(out_t)}, gradient {_fmt(g)}")
