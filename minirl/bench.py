@@ -10,11 +10,13 @@ The result is printed as JSON and not saved.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import platform
 import resource
 import statistics
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -139,6 +141,29 @@ def _loadavg() -> str:
         return "unavailable"
 
 
+@contextlib.contextmanager
+def _eos_suppressed(min_new_tokens: int) -> Iterator[None]:
+    """For timing only: every rollout in the block generates at least ``min_new_tokens`` tokens.
+
+    ``rollout.generate`` samples with ``rollout.sampling_config`` alone (no setting of the model's own generation
+    config reaches it), so the bench adds ``min_new_tokens`` to that config for the block, as TRL's side gets it
+    through ``generation_kwargs``. The sampler then never draws EOS early, so its distribution is no longer the
+    one the behaviour log-probs describe: right for counting time on fixed work, wrong for training.
+    """
+    plain = rollout.sampling_config
+
+    def with_min_length(*args, **kwargs):
+        config = plain(*args, **kwargs)
+        config.min_new_tokens = min_new_tokens
+        return config
+
+    rollout.sampling_config = with_min_length
+    try:
+        yield
+    finally:
+        rollout.sampling_config = plain
+
+
 def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, group_size: int = 8,
                completion_tokens: int = 40) -> dict:
     """One GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating the two; the ratio of their
@@ -147,7 +172,7 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
     Identical work: the same local checkpoint (the cpu profile's tiny dense model, random weights, written with
     ``save_pretrained`` and read back with ``models.load`` for each side), the same prompts (the first
     ``prompts_per_step`` of the train split), the same reward (``tasks.running_sums_reward``), ``group_size``
-    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens``), the GRPO preset
+    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens`` on both sides, ``_eos_suppressed`` for minirl), the GRPO preset
     (beta 0.04, so a reference forward on both sides), one optimiser step per rollout, float32, the same process
     and threads. TRL runs its real training loop (``trainer.train()``); a callback times each of its steps from
     ``on_step_begin`` (before generation) to ``on_step_end`` (after the optimiser step) and runs one minirl step in
@@ -160,7 +185,6 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
     Raises:
         ImportError: when TRL is not installed (``pip install -e ".[trl]"``).
     """
-    import contextlib
     import io
     import os
     import tempfile
@@ -185,14 +209,14 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
         tokenizer.save_pretrained(ckpt)
         # --- minirl: the stages of rl.train_rl, one step per call
         policy = models.load(ckpt)
-        policy.generation_config.min_new_tokens = completion_tokens  # rollout.generate keeps the model's setting
         ref = rl.reference_model(policy, None, cfg)
         optimizer = rl.make_optimizer(policy, None, cfg)
         gen = torch.Generator().manual_seed(seed)
 
         def minirl_step() -> float:
             t0 = time.perf_counter()
-            batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, tasks.running_sums_reward, None, gen)
+            with _eos_suppressed(completion_tokens):
+                batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, tasks.running_sums_reward, None, gen)
             old, ref_lp, routes = rl.behaviour_logprobs(policy, ref, batch, cfg)
             adv, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg, cfg.beta)
             mb = rl.RLBatch(batch.input_ids, batch.attention_mask, batch.completion_mask, batch.completion_mask,

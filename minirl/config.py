@@ -31,7 +31,7 @@ class Profile:
     dense: dict  # kwargs of models.tiny_dense
     moe: dict  # kwargs of models.tiny_moe
     sft_steps: int  # the warm start's schedule length and most steps (it stops earlier at its target)
-    sft_target_accuracy: float  # greedy accuracy on the validation rows at which the warm start stops
+    sft_target_accuracy: float  # sampled (T = 1) accuracy on the validation rows at which the warm start stops
     sft_batch_size: int
     sft_lr: float
     rl_steps: int  # default RL steps of the main job
@@ -43,12 +43,12 @@ class Profile:
 
 PROFILES = {
     "cpu": Profile(name="cpu", device="cpu", dense=dict(hidden_size=128, num_layers=4, num_heads=4),
-                   moe=dict(hidden_size=128, num_layers=4, num_heads=4), sft_steps=500, sft_target_accuracy=0.5,
+                   moe=dict(hidden_size=128, num_layers=4, num_heads=4), sft_steps=500, sft_target_accuracy=0.35,
                    sft_batch_size=64,
                    sft_lr=2e-3, rl_steps=150, prompts_per_step=16, group_size=8, max_new_tokens=40, eval_size=256),
     "gpu": Profile(name="gpu", device="cuda", dense=dict(hidden_size=256, num_layers=6, num_heads=8),
                    moe=dict(hidden_size=256, num_layers=6, num_heads=8, num_experts=16), sft_steps=800,
-                   sft_target_accuracy=0.5,
+                   sft_target_accuracy=0.35,
                    sft_batch_size=128, sft_lr=1e-3, rl_steps=200, prompts_per_step=32, group_size=16,
                    max_new_tokens=40, eval_size=256),
 }

@@ -33,3 +33,18 @@ def test_run_bench_on_cpu_reports_one_process_memory_figure():
         assert "peak_memory_mb" not in out[kind]  # a per-model figure would be the same process peak twice
         assert set(PARTS) <= set(out[kind]["seconds"])
     assert out["moe"]["parameters"] > out["dense"]["parameters"]
+
+
+def test_vs_trl_runs_identical_fixed_length_work():
+    """bench --vs-trl on a small slice: both engines step, and minirl's rollouts have exactly the fixed length
+    (run_vs_trl asserts 2 x 2 x 6 completion tokens per step inside), with no setting left behind on rollout."""
+    import pytest
+
+    pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
+    from minirl import rollout
+
+    plain = rollout.sampling_config
+    out = bench.run_vs_trl(seed=0, repeats=2, prompts_per_step=2, group_size=2, completion_tokens=6)
+    assert out["repeats"] == 2 and out["minirl_seconds"]["min"] > 0 and out["trl_seconds"]["min"] > 0
+    assert out["ratio_trl_over_minirl"]["min"] <= out["ratio_trl_over_minirl"]["median"] <= out["ratio_trl_over_minirl"]["max"]
+    assert rollout.sampling_config is plain  # the EOS suppression is undone
