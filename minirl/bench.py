@@ -172,11 +172,12 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
     Identical work: the same local checkpoint (the cpu profile's tiny dense model, random weights, written with
     ``save_pretrained`` and read back with ``models.load`` for each side), the same prompts (the first
     ``prompts_per_step`` of the train split), the same reward (``tasks.running_sums_reward``), ``group_size``
-    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens`` on both sides, ``_eos_suppressed`` for minirl), the GRPO preset
-    (beta 0.04, so a reference forward on both sides), one optimiser step per rollout, float32, the same process
-    and threads. TRL runs its real training loop (``trainer.train()``); a callback times each of its steps from
-    ``on_step_begin`` (before generation) to ``on_step_end`` (after the optimiser step) and runs one minirl step in
-    between, so the two alternate and share whatever load the machine has. The first step of each is a warm-up.
+    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens`` on both sides,
+    ``_eos_suppressed`` for minirl), the GRPO preset (beta 0.04, so a reference forward on both sides), one
+    optimiser step per rollout, float32, the same process and threads. TRL runs its real training loop
+    (``trainer.train()``); a callback times each of its steps from ``on_step_begin`` (before generation) to
+    ``on_step_end`` (after the optimiser step) and runs one minirl step in between, so the two alternate and share
+    whatever load the machine has. The first step of each is a warm-up.
 
     Returns:
         dict: seconds per step (median, min, max) for each, ``ratio_trl_over_minirl`` (median and min-max over the

@@ -1,10 +1,11 @@
 """Where the warm start lands, over seeds and thread counts: writes warm_start_spread.json beside this file.
 
-Each (seed, threads) pair runs in its own process (the thread count must be set before torch starts):
-``python notebooks/results/warm_start_spread.py`` from the repository root, about 2 minutes a run on 2 idle cores;
+Each (seed, threads) pair runs in its own process (the thread count must be set before torch starts): ``python
+notebooks/results/warm_start_spread.py`` from the repository root, about 2 minutes a run on 2 idle cores;
 ``--threads 1`` runs one thread count only and keeps the other's runs in the file. Every run trains
-``warm_start(profile="cpu", cache=False)`` and measures the held-out split: greedy, and 16 samples per prompt at
-T = 1 (so the measurement's own noise, about 0.008, is well below the spread it measures). The file records the command, the commit and the wall time of each run.
+``warm_start(profile="cpu", cache=False)`` and measures the held-out split: greedy, and 16 samples per prompt at T =
+1 (so the measurement's own noise, about 0.008, is well below the spread it measures). The file records the command,
+the commit and the wall time of each run.
 """
 
 from __future__ import annotations
