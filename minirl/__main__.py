@@ -73,7 +73,18 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--vs-trl", action="store_true",
                        help="time one GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating "
                             "the two, and print the ratio with its spread (needs the [trl] extra)")
+    sweep = sub.add_parser("sweep", help="run a grid of arms x seeds from a sweep spec (JSON), resumable, and "
+                                         "store every run's History and a summary over seeds beside the spec")
+    sweep.add_argument("spec", help="a sweep spec, e.g. notebooks/results/kl_placements/sweep.json")
+    sweep.add_argument("--out", default=None, help="output folder (default: the spec's folder)")
     args = parser.parse_args(argv)
+
+    if args.command == "sweep":
+        from .sweep import run_sweep
+
+        summary = run_sweep(args.spec, args.out)
+        print(json.dumps({k: v for k, v in summary.items() if k not in ("arms", "spec")}, indent=1))
+        return 0
 
     if args.command == "train":
         out = args.out or f"runs/{args.algo}"

@@ -37,6 +37,7 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
     Returns:
         dict with accuracy (the mean reward over the completions: for a 0/1 reward, the share that is right),
         accuracy_stderr (its standard error over completions), mean_length (tokens, EOS included),
+        mean_length_wrong (the same over the completions with reward <= 0; NaN when there are none),
         truncated_rate, n (completions) and, for the running-sums task, format_rate.
     """
     k = 1 if greedy else samples_per_prompt
@@ -59,6 +60,8 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
     out = {"accuracy": float(scores.mean()),
            "accuracy_stderr": float(scores.std() / n ** 0.5) if n > 1 else float("nan"),
            "mean_length": float(torch.cat(lengths).mean()),
+           "mean_length_wrong": float(torch.cat(lengths).float()[scores <= 0].mean()) if (scores <= 0).any()
+           else float("nan"),
            "truncated_rate": float(torch.cat(truncated).float().mean()), "n": n}
     if reward_fn is None:
         out["format_rate"] = sum(formatted) / n
@@ -76,6 +79,7 @@ def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) ->
     greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn)
     return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
             "eval_greedy_accuracy": greedy["accuracy"], "eval_length": sampled["mean_length"],
+            "eval_wrong_length": sampled["mean_length_wrong"],
             **({"eval_format": sampled["format_rate"]} if "format_rate" in sampled else {})}
 
 

@@ -8,6 +8,7 @@ show gains.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -29,12 +30,13 @@ CACHE_DIR = Path(os.environ.get("MINIRL_CACHE", Path(__file__).resolve().parent.
 #: The last distinct prompts of the train split are the warm start's validation set: never in an SFT batch, they
 #: decide when the warm start stops (the test split stays untouched for the notebooks' evaluations).
 VALIDATION_SIZE = 256
-#: Every SFT_EVAL_EVERY steps the warm start measures the reference probability of the validation rows (one
-#: teacher-forced forward); once it reaches SAMPLED_CHECK_FROM, each check also samples SAMPLES_PER_PROMPT
-#: completions per validation prompt, and the run stops at the first check whose sampled accuracy reaches the
-#: profile's target.
+#: Every SFT_EVAL_EVERY steps the warm start samples one completion for each of the first SCREEN_PROMPTS
+#: validation prompts (a cheap, noisy screen); once that accuracy is within SCREEN_MARGIN of the target, the check
+#: samples SAMPLES_PER_PROMPT completions for every validation prompt, and the run stops at the first such check
+#: that reaches the profile's target.
 SFT_EVAL_EVERY = 5
-SAMPLED_CHECK_FROM = 0.03
+SCREEN_PROMPTS = 64
+SCREEN_MARGIN = 0.15
 SAMPLES_PER_PROMPT = 4
 
 
@@ -95,36 +97,6 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
     return losses_
 
 
-@torch.no_grad()
-def reference_probability(model, tokenizer, dataset, batch_size: int = 128) -> float:
-    """The mean, over the rows, of p(reference completion + EOS | prompt) at temperature 1.
-
-    This is the expected share of single samples (T = 1, no top-k / top-p) that reproduce the reference
-    completion token for token, so it is a lower bound on the sampled accuracy (a sample that reaches the right
-    answer another way also scores). Unlike an accuracy measured by sampling it has no sampling noise and costs one
-    teacher-forced forward pass, which is why the warm start stops on it.
-
-    Args:
-        dataset: rows with ``prompt`` and ``completion`` columns.
-
-    Returns:
-        A probability in [0, 1].
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    probs = []
-    for i in range(0, len(dataset), batch_size):
-        rows = dataset.select(range(i, min(i + batch_size, len(dataset))))
-        batch = {k: v.to(device) for k, v in sft_batch(tokenizer, rows["prompt"], rows["completion"]).items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
-        labels = batch["labels"][:, 1:]  # position t predicts token t + 1
-        logp = torch.log_softmax(logits.float(), -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-        probs.append(torch.where(labels != -100, logp, 0.0).sum(-1).exp())  # (b,)
-    model.train(was_training)
-    return float(torch.cat(probs).mean())
-
-
 def split_validation(train):
     """(rows to fine-tune on, validation rows): the last ``VALIDATION_SIZE`` distinct prompts of the train split
     are held out, and every row with one of those prompts leaves the fine-tuning rows (the split repeats some short
@@ -160,11 +132,13 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     ``SAMPLES_PER_PROMPT`` samples each, seeded) reaches the profile's ``sft_target_accuracy``, or at the end of the
     schedule. Selecting the checkpoint by accuracy is what makes the warm start land in the same place for every
     seed and machine: how many steps a seed needs to learn to add varies a lot (at a fixed 200 steps, seeds 0 and 1
-    ended at greedy accuracy 0.71 and 0.31), but where the run stops does not. Sampling costs seconds, so it is
-    skipped while the cheap ``reference_probability`` of the validation rows is below ``SAMPLED_CHECK_FROM``: far
-    below the target, the accuracy cannot be there yet. The check is on sampled accuracy, not greedy, because RL
-    starts from what the model samples, and the relation between the two differs from seed to seed; every 5 steps,
-    because accuracy rises by up to ~0.7 points a step near the target, so a coarser check overshoots.
+    ended at greedy accuracy 0.71 and 0.31), but where the run stops does not. The full check (1,024 samples)
+    costs seconds, so it runs only once a screen of ``SCREEN_PROMPTS`` single samples is within ``SCREEN_MARGIN`` of
+    the target (2.5 standard errors of the screen: it almost never misses a model that is there). The check is on
+    sampled accuracy, not greedy, because RL starts from what the model samples, and the relation between the two
+    differs from seed to seed; every 5 steps, because accuracy rises by up to ~0.7 points a step near the target, so
+    a coarser check overshoots. Even so, one SFT step can move the accuracy by 10 points near the target, so of the
+    first check at or above the target and the last one below it, the run keeps the weights of the closer one.
 
     The first call trains (about a minute on the cpu profile) and saves the model and tokenizer with
     ``save_pretrained`` under ``.cache/warmstart/<key>`` (git-ignored); later calls, from any notebook or the CLI,
@@ -178,14 +152,15 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
         cache: read and write the cache.
 
     Returns:
-        (model, tokenizer, info) with info holding the SFT loss curve, the validation checks (step, reference
-        probability, sampled accuracy or None where it was not measured), the parameter count and the cache path.
+        (model, tokenizer, info) with info holding the SFT loss curve, the validation checks (step, screen
+        accuracy, full sampled accuracy or None where the screen was too far below the target), ``kept_step``
+        (the step whose weights were kept), the parameter count and the cache path.
     """
     profile = profile if isinstance(profile, Profile) else resolve_profile(profile)
     steps = profile.sft_steps if steps is None else steps
     sizes = profile.moe if moe else profile.dense
     spec = dict(kind="moe" if moe else "dense", sizes=sizes, steps=steps, bs=profile.sft_batch_size,
-                lr=profile.sft_lr, target=profile.sft_target_accuracy, seed=seed, version=4)
+                lr=profile.sft_lr, target=profile.sft_target_accuracy, seed=seed, version=6)
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE_DIR / "warmstart" / f"{spec['kind']}-{profile.name}-s{seed}-{key}"
     if cache and (path / "info.json").exists():
@@ -198,24 +173,36 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     model = build(tokenizer, seed=seed, **sizes).to(profile.device)
     train = tasks.load_split("train")
     sft_rows, validation = split_validation(train)
-    checks = []  # (step, reference probability, sampled accuracy or None) on the validation rows
+    checks = []  # (step, screen accuracy, full sampled accuracy or None) on the validation rows
+    screen = validation.select(range(SCREEN_PROMPTS))
+    target = profile.sft_target_accuracy
+    below = {}  # the last full check below the target: its step, accuracy and weights
 
     def reached_target(n: int) -> bool:
         if n % SFT_EVAL_EVERY:
             return False
-        p_ref = reference_probability(model, tokenizer, validation)
+        quick = evaluate(model, tokenizer, screen, profile.max_new_tokens, temperature=1.0, seed=seed)["accuracy"]
         accuracy = None
-        if p_ref >= SAMPLED_CHECK_FROM:
+        if quick >= target - SCREEN_MARGIN:
             accuracy = evaluate(model, tokenizer, validation, profile.max_new_tokens, temperature=1.0,
                                 samples_per_prompt=SAMPLES_PER_PROMPT, seed=seed)["accuracy"]
-        checks.append((n, p_ref, accuracy))
-        return accuracy is not None and accuracy >= profile.sft_target_accuracy
+        checks.append((n, quick, accuracy))
+        if accuracy is not None and accuracy < target:
+            below.update(step=n, accuracy=accuracy, weights=copy.deepcopy(model.state_dict()))
+        return accuracy is not None and accuracy >= target
 
     t0 = time.time()
     curve = sft(model, tokenizer, sft_rows, steps, profile.sft_batch_size, profile.sft_lr, seed, progress,
                 stop=reached_target)
+    kept = len(curve)
+    # a step can move the accuracy by 10 points: keep whichever of the two checks around the target is closer
+    if below and checks[-1][2] is not None and checks[-1][2] >= target and \
+            target - below["accuracy"] < checks[-1][2] - target:
+        model.load_state_dict(below["weights"])
+        kept = below["step"]
     model.eval()
     info = {"spec": spec, "sft_loss": curve, "sft_seconds": time.time() - t0, "validation_checks": checks,
+            "kept_step": kept,
             "parameters": models.count_parameters(model), "path": str(path.relative_to(CACHE_DIR.parent))
             if CACHE_DIR.parent in path.parents else str(path)}
     if cache:

@@ -3,6 +3,7 @@ update_minibatch, gradient accumulation, reward functions in TRL's form, determi
 
 import copy
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
@@ -310,3 +311,56 @@ def test_sft_stops_when_asked(tok):
     curve = warm_start.sft(model, tok, tasks.load_split("train").select(range(64)), steps=50, batch_size=4,
                            progress=False, stop=lambda n: calls.append(n) or n == 3)
     assert len(curve) == 3 and calls == [1, 2, 3]  # stop(n) after each step; True ends the run there
+
+
+def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, monkeypatch, tmp_path):
+    """The stopping rule with scripted accuracies (target 0.35, screen margin 0.15): the full check runs only when
+    the screen reaches 0.20, and the run stops at the first full check >= 0.35, not at a screen above it."""
+    from minirl.config import PROFILES
+
+    screens = iter([0.05, 0.10, 0.40, 0.25, 0.30, 0.50])  # checks at steps 5, 10, ..., 30
+    fulls = iter([0.30, 0.33, 0.36])  # full checks at steps 15, 20, 25 (the screen 0.10 at step 10 skips one)
+    calls = []
+
+    def scripted_evaluate(model, tokenizer, dataset, max_new_tokens, temperature=1.0, greedy=False,
+                          samples_per_prompt=1, **kw):
+        full = len(dataset) == warm_start.VALIDATION_SIZE
+        calls.append((len(dataset), samples_per_prompt))
+        return {"accuracy": next(fulls) if full else next(screens)}
+
+    monkeypatch.setattr(warm_start, "evaluate", scripted_evaluate)
+    small = tiny_model(tok)
+    monkeypatch.setattr(warm_start.models, "tiny_dense", lambda tok, seed=0, **kw: small)
+    profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
+    _, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=False)
+    assert len(info["sft_loss"]) == 25
+    assert info["validation_checks"] == [(5, 0.05, None), (10, 0.10, None), (15, 0.40, 0.30), (20, 0.25, 0.33),
+                                         (25, 0.30, 0.36)]
+    assert calls.count((warm_start.SCREEN_PROMPTS, 1)) == 5 and calls.count((256, warm_start.SAMPLES_PER_PROMPT)) == 3
+    # 0.36 is 0.01 above the target, 0.33 is 0.02 below: the reached one is closer and kept
+    assert info["kept_step"] == 25
+
+
+def test_warm_start_keeps_the_check_closer_to_the_target(tok, monkeypatch):
+    """A jump past the target (0.30 -> 0.46 at target 0.35): the weights of the check below, 0.05 away, are kept
+    instead of those 0.11 above; they are the weights the model had at that check."""
+    from minirl.config import PROFILES
+
+    accuracies = iter([0.30, 0.46])
+    small = tiny_model(tok)
+    saved = {}
+
+    def scripted_evaluate(model, tokenizer, dataset, *args, samples_per_prompt=1, **kw):
+        if len(dataset) < warm_start.VALIDATION_SIZE:
+            return {"accuracy": 0.3}  # the screen lets every full check run
+        accuracy = next(accuracies)
+        saved[accuracy] = {k: v.clone() for k, v in model.state_dict().items()}
+        return {"accuracy": accuracy}
+
+    monkeypatch.setattr(warm_start, "evaluate", scripted_evaluate)
+    monkeypatch.setattr(warm_start.models, "tiny_dense", lambda tok, seed=0, **kw: small)
+    profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
+    model, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=False)
+    assert len(info["sft_loss"]) == 10 and info["kept_step"] == 5
+    assert all(torch.equal(v, saved[0.30][k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, saved[0.46][k]) for k, v in model.state_dict().items())

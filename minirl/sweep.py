@@ -1,0 +1,213 @@
+"""``python -m minirl sweep SPEC.json``: a grid of arms x seeds, each one ``rl.train_rl`` run, stored and resumable.
+
+A finding is a claim that holds over seeds, so the notebooks plot sweeps, not single runs. A sweep spec is a small
+JSON file::
+
+    {"name": "kl_placements", "profile": "cpu", "seeds": [0, 1, 2],
+     "base": {"steps": 40, "eval_every": 10},
+     "arms": {"k3 in loss": {"algo": "grpo", "kl_estimator": "k3", "kl_placement": "loss"},
+              "k1 in reward": {"algo": "grpo", "kl_estimator": "k1", "kl_placement": "reward"}}}
+
+Every run starts from the same warm start (``warm_start(profile, seed=warm_start_seed, moe=moe)``), trains with
+``make_config(**base, **arm, seed=seed)`` and evaluates on the first ``eval_prompts`` held-out prompts (the same
+prompts and samples for every arm, so the step-0 row is the same evaluation of the same model everywhere). The
+results go beside the spec (or to ``--out``): ``runs/<arm slug>__s<seed>.jsonl`` (the run's History, one row per
+step) with its wall time in ``.meta.json``, and ``summary.json`` (per arm and step: mean, standard deviation, min
+and max over seeds of the logged metrics; the spec; the command, commit, wall time and machine). A run whose file
+exists is not run again, so an interrupted sweep resumes where it stopped; each file is written only when its run
+has finished.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import rl, tasks
+from .config import PROGRESS_INTERVAL, make_config, resolve_profile
+from .evaluation import fresh_sample_kl
+from .history import History
+from .warm_start import warm_start
+
+
+@dataclass
+class SweepSpec:
+    """What a sweep runs: ``arms`` (label -> make_config overrides, including ``algo``) x ``seeds``."""
+
+    name: str
+    arms: dict[str, dict]
+    seeds: list[int]
+    profile: str = "cpu"
+    base: dict = field(default_factory=dict)  # overrides shared by every arm (an arm's own win)
+    moe: bool = False  # warm-start the tiny MoE model instead of the dense one
+    warm_start_seed: int = 0  # every run starts from this one warm start; the run seed varies
+    eval_prompts: int = 256  # the first N held-out prompts
+    kl_probe: dict | None = None  # {"prompts": N, "samples": k, "every": s}: the true KL to the warm start, measured
+    #   on fresh samples of the first N held-out prompts every s steps (evaluation.fresh_sample_kl)
+
+    def config(self, arm: str, seed: int):
+        """The RLConfig of one run (raises ValueError for an unknown field, as make_config does)."""
+        overrides = {**self.base, **self.arms[arm]}
+        algo = overrides.pop("algo", "grpo")
+        return make_config(algo, **{**overrides, "seed": seed, "progress": False})
+
+
+def load_spec(path: str | Path) -> SweepSpec:
+    """Read and check a sweep spec: every run's config is built once, so a typo fails here, not an hour in.
+
+    Raises:
+        ValueError: for a missing or unknown key, an empty ``arms`` or ``seeds``, or an invalid config.
+    """
+    raw = json.loads(Path(path).read_text())
+    known = set(SweepSpec.__dataclass_fields__)
+    if set(raw) - known or not {"name", "arms", "seeds"} <= set(raw):
+        raise ValueError(f"{path}: a sweep spec needs name, arms and seeds and may have {sorted(known)}; "
+                         f"got {sorted(raw)}")
+    spec = SweepSpec(**raw)
+    if not spec.arms or not spec.seeds:
+        raise ValueError(f"{path}: arms and seeds must not be empty")
+    slugs = [slug(arm) for arm in spec.arms]
+    if len(set(slugs)) < len(slugs) or not all(slugs):
+        raise ValueError(f"{path}: arm labels {list(spec.arms)} give file names {slugs}; they must differ")
+    for arm in spec.arms:
+        spec.config(arm, spec.seeds[0])
+    return spec
+
+
+def slug(arm: str) -> str:
+    """The file-name form of an arm label: lower case, every run of other characters one underscore."""
+    return re.sub(r"[^a-z0-9]+", "_", arm.lower()).strip("_")
+
+
+def run_file(out_dir: Path, arm: str, seed: int) -> Path:
+    return out_dir / "runs" / f"{slug(arm)}__s{seed}.jsonl"
+
+
+def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
+    """Train one (arm, seed) run and write its History; returns its wall time in seconds."""
+    t0 = time.time()
+    profile = resolve_profile(spec.profile)
+    model, tokenizer, _ = warm_start(profile, seed=spec.warm_start_seed, moe=spec.moe, progress=False)
+    test = tasks.load_split("test")
+    eval_data = test.select(range(min(spec.eval_prompts, len(test))))
+    cfg = spec.config(arm, seed)
+    callback = _kl_probe(spec.kl_probe, model, tokenizer, eval_data, cfg) if spec.kl_probe else None
+    history = rl.train_rl(model, tokenizer, cfg, tasks.load_split("train"), eval_data, callback=callback)
+    path = run_file(out_dir, arm, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    history.to_jsonl(partial)
+    seconds = round(time.time() - t0, 1)
+    path.with_suffix(".meta.json").write_text(json.dumps({"seconds": seconds, "commit": _commit(),
+                                                          "threads": torch.get_num_threads()}) + "\n")
+    partial.replace(path)  # only a finished run gets its final name: a resumed sweep skips it
+    return seconds
+
+
+def _kl_probe(probe: dict, model, tokenizer, eval_data, cfg):
+    """A train_rl callback that adds the true KL(policy || warm start) on fresh samples to the logged row:
+    ``true_kl`` (nats per sequence) with ``true_kl_stderr``, ``true_kl_per_token`` and ``fresh_entropy`` (nats per
+    token)."""
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    rows = eval_data.select(range(probe["prompts"]))
+
+    def measure(step: int, row: dict) -> None:
+        if step % probe["every"] == 0 or step == cfg.steps:
+            m = fresh_sample_kl(model, reference, tokenizer, rows["prompt"], probe["samples"], cfg.max_new_tokens,
+                                cfg.temperature, seed=cfg.seed + 1)
+            row.update(true_kl=m["kl"], true_kl_stderr=m["kl_stderr"], true_kl_per_token=m["kl_per_token"],
+                       fresh_entropy=m["entropy"])
+    return measure
+
+
+def run_sweep(spec_path: str | Path, out_dir: str | Path | None = None, progress: bool = True) -> dict:
+    """Run every (arm, seed) of the spec that has no stored run yet, then write and return the summary."""
+    spec = load_spec(spec_path)
+    out = Path(out_dir) if out_dir else Path(spec_path).parent
+    todo = [(a, s) for a in spec.arms for s in spec.seeds if not run_file(out, a, s).exists()]
+    bar = tqdm(todo, desc=f"sweep {spec.name}", disable=not progress, mininterval=PROGRESS_INTERVAL)
+    for arm, seed in bar:
+        bar.set_postfix_str(f"{arm}, seed {seed}")
+        run_one(spec, arm, seed, out)
+    seconds = {f"{slug(a)}__s{s}": json.loads(run_file(out, a, s).with_suffix(".meta.json").read_text())["seconds"]
+               for a in spec.arms for s in spec.seeds}
+    summary = summarize(spec, out)
+    summary.update(command=_command(spec_path, out_dir), commit=_commit(), dirty=_dirty(), run_seconds=seconds,
+                   wall_seconds=round(sum(seconds.values()), 1), threads=torch.get_num_threads(),
+                   machine=f"{platform.machine()}, {os.cpu_count()} cores", torch=torch.__version__)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def summarize(spec: SweepSpec, out_dir: str | Path, keys: tuple[str, ...] | None = None) -> dict:
+    """Per arm, per logged metric: the step axis, the mean, standard deviation, min and max over seeds at each
+    step where every seed logged it, and ``gen_samples_cum`` (generated samples so far, for arms that differ in
+    samples per step). ``final`` holds each seed's last value of each metric."""
+    arms = {}
+    for arm in spec.arms:
+        runs = [History.from_jsonl(run_file(Path(out_dir), arm, s)) for s in spec.seeds]
+        metrics = keys or sorted({k for h in runs for r in h.rows for k in r if k != "step"})
+        arm_out = {"seeds": spec.seeds, "metrics": {}, "final": {}}
+        for key in metrics:
+            series = [dict(zip(*h.series(key), strict=True)) for h in runs]
+            steps = sorted(set.intersection(*(set(s) for s in series)))
+            if not steps:
+                continue
+            values = [[s[t] for s in series] for t in steps]  # (steps, seeds)
+            arm_out["metrics"][key] = {
+                "step": steps, "mean": [statistics.fmean(v) for v in values],
+                "std": [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values],
+                "min": [min(v) for v in values], "max": [max(v) for v in values]}
+            arm_out["final"][key] = [s[steps[-1]] for s in series]
+        samples = [_cumulative(h.series("gen_samples")) for h in runs]
+        if all(samples):
+            per_step = zip(*(s[1] for s in samples), strict=True)  # seeds' cumulative samples, step by step
+            arm_out["gen_samples_cum"] = {"step": samples[0][0], "mean": [statistics.fmean(v) for v in per_step]}
+        arms[arm] = arm_out
+    return {"name": spec.name, "spec": asdict(spec), "arms": arms}
+
+
+def load_summary(path: str | Path) -> dict:
+    """A stored summary.json (what a notebook plots)."""
+    return json.loads(Path(path).read_text())
+
+
+def _cumulative(series: tuple[list[int], list[float]]):
+    steps, values = series
+    total, out = 0.0, []
+    for v in values:
+        total += v
+        out.append(total)
+    return (steps, out) if steps else None
+
+
+def _command(spec_path, out_dir) -> str:
+    return f"python -m minirl sweep {spec_path}" + (f" --out {out_dir}" if out_dir else "")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _dirty() -> bool:
+    """True when the code differs from the commit (uncommitted changes under minirl/)."""
+    try:
+        return bool(subprocess.run(["git", "status", "--porcelain", "--", "."], capture_output=True, text=True,
+                                   cwd=Path(__file__).resolve().parent, check=True).stdout.strip())
+    except (OSError, subprocess.CalledProcessError):
+        return False

@@ -1,0 +1,89 @@
+"""Tests of minirl.sweep: a spec runs every (arm, seed) once, resumes without rerunning, and its summary is the
+mean / std / min / max over seeds of the stored runs."""
+
+import json
+import statistics
+
+import pytest
+
+from minirl import models, sweep
+from minirl.tokenizer import build_tokenizer
+
+BASE = {"steps": 2, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 6, "num_minibatches": 1}
+
+
+@pytest.fixture
+def tiny_warm_start(monkeypatch):
+    """Replace the (minute-long) warm start with a tiny random model; count the training runs."""
+    calls = []
+
+    def fake_warm_start(profile, seed=0, moe=False, progress=True):
+        tok = build_tokenizer()
+        return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                 seed=seed), tok, {}
+
+    real_train = sweep.rl.train_rl
+
+    def counting_train(*args, **kwargs):
+        calls.append(args[2].seed)
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(sweep, "warm_start", fake_warm_start)
+    monkeypatch.setattr(sweep.rl, "train_rl", counting_train)
+    return calls
+
+
+def write_spec(tmp_path, **extra):
+    spec = {"name": "t", "seeds": [0, 1], "base": BASE, "eval_prompts": 4,
+            "arms": {"grpo": {"algo": "grpo"}, "dr grpo": {"algo": "dr_grpo"}}, **extra}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start):
+    path = write_spec(tmp_path)
+    summary = sweep.run_sweep(path, progress=False)
+    assert sorted(tiny_warm_start) == [0, 0, 1, 1]  # 2 arms x 2 seeds
+    assert sorted(p.name for p in (tmp_path / "runs").glob("*.jsonl")) == [
+        "dr_grpo__s0.jsonl", "dr_grpo__s1.jsonl", "grpo__s0.jsonl", "grpo__s1.jsonl"]
+    assert summary["command"] == f"python -m minirl sweep {path}" and len(summary["commit"]) >= 7
+    assert set(summary["run_seconds"]) == {"grpo__s0", "grpo__s1", "dr_grpo__s0", "dr_grpo__s1"}
+    assert json.loads((tmp_path / "summary.json").read_text())["arms"].keys() == {"grpo", "dr grpo"}
+    # a second call finds every run stored: nothing is trained again
+    sweep.run_sweep(path, progress=False)
+    assert len(tiny_warm_start) == 4
+    # a removed run (an interrupted sweep) is the only one rerun
+    (tmp_path / "runs" / "grpo__s1.jsonl").unlink()
+    sweep.run_sweep(path, progress=False)
+    assert tiny_warm_start[4:] == [1]
+
+
+def test_summary_is_the_statistics_over_seeds_of_the_stored_rows(tmp_path, tiny_warm_start):
+    path = write_spec(tmp_path)
+    summary = sweep.run_sweep(path, progress=False)
+    rows = {s: [json.loads(line) for line in (tmp_path / "runs" / f"grpo__s{s}.jsonl").open()] for s in (0, 1)}
+    m = summary["arms"]["grpo"]["metrics"]["score"]
+    assert m["step"] == [1, 2]
+    for i, step in enumerate(m["step"]):
+        a, b = (next(r["score"] for r in rows[s] if r["step"] == step and "score" in r) for s in (0, 1))
+        assert m["mean"][i] == pytest.approx((a + b) / 2)
+        assert m["std"][i] == pytest.approx(statistics.stdev([a, b]))  # sample std: |a - b| / sqrt(2)
+        assert (m["min"][i], m["max"][i]) == (min(a, b), max(a, b))
+    # held-out accuracy at step 0 is the same evaluation of the same model for every arm and seed
+    e0 = [summary["arms"][arm]["metrics"]["eval_accuracy"]["mean"][0] for arm in ("grpo", "dr grpo")]
+    assert e0[0] == e0[1]
+    # samples so far: 2 prompts x 2 completions a step
+    assert summary["arms"]["grpo"]["gen_samples_cum"]["mean"] == [4.0, 8.0]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"arms": {}}, "must not be empty"),
+    ({"arms": {"a": {"algo": "grpo", "kl_estimatr": "k3"}}}, "unknown RLConfig field"),
+    ({"arms": {"GRPO": {"algo": "grpo"}, "grpo": {"algo": "grpo"}}}, "must differ"),
+    ({"arms": {"//": {"algo": "grpo"}}}, "must differ"),
+    ({"seed": [0]}, "needs name, arms and seeds"),
+])
+def test_a_bad_spec_fails_before_anything_runs(tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        sweep.load_spec(write_spec(tmp_path, **bad))
