@@ -183,6 +183,28 @@ def load_summary(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def plot_metric(ax, summary: dict, key: str, arms=None, x: str = "step", **style) -> None:
+    """Draw ``key`` for each arm of a summary: the mean over seeds as a line, min to max as a band.
+
+    Args:
+        x: "step" (RL steps) or "samples" (generated samples so far: the fair axis when arms differ in samples per
+            step, as dynamic sampling does).
+    """
+    for arm in arms or summary["arms"]:
+        s = summary["arms"][arm]
+        if key not in s["metrics"]:
+            continue
+        m = s["metrics"][key]
+        xs = m["step"]
+        if x == "samples":
+            cum = dict(zip(s["gen_samples_cum"]["step"], s["gen_samples_cum"]["mean"], strict=True))
+            xs = [cum.get(t, 0.0) for t in m["step"]]  # step 0 (before training): no sample generated yet
+        (line,) = ax.plot(xs, m["mean"], label=f"{arm} (n={len(s['seeds'])})", **style)
+        ax.fill_between(xs, m["min"], m["max"], color=line.get_color(), alpha=0.15, lw=0)
+    ax.set_xlabel("generated samples" if x == "samples" else "RL step")
+    ax.grid(alpha=0.3)
+
+
 def _cumulative(series: tuple[list[int], list[float]]):
     steps, values = series
     total, out = 0.0, []

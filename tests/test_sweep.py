@@ -87,3 +87,19 @@ def test_summary_is_the_statistics_over_seeds_of_the_stored_rows(tmp_path, tiny_
 def test_a_bad_spec_fails_before_anything_runs(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
         sweep.load_spec(write_spec(tmp_path, **bad))
+
+
+def test_plot_metric_draws_the_mean_and_a_min_max_band(tmp_path, tiny_warm_start):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = sweep.run_sweep(write_spec(tmp_path), progress=False)
+    fig, ax = plt.subplots()
+    sweep.plot_metric(ax, summary, "score", x="samples")
+    m = summary["arms"]["grpo"]["metrics"]["score"]
+    line = ax.lines[0]
+    assert list(line.get_xdata()) == [4.0, 8.0] and list(line.get_ydata()) == m["mean"]
+    assert len(ax.lines) == 2 and len(ax.collections) == 2  # one line and one band per arm
+    plt.close(fig)
