@@ -68,6 +68,34 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
     return out
 
 
+def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, samples_per_prompt: int = 2,
+                     temperature: float = 1.0, seed: int = 0, reward_fn=None) -> list[dict]:
+    """What each model writes: ``samples_per_prompt`` completions per prompt of ``dataset``, with their reward.
+
+    Args:
+        models: label -> model (e.g. {"warm start": base, "after GRPO": model}); every model answers the same
+            prompts with the same seed.
+        dataset: a few rows (prompt and the columns the reward reads).
+
+    Returns:
+        One dict per (model, prompt, sample): model, prompt, completion (text) and reward. They are also printed as
+        a table, so a notebook cell shows them with one call.
+    """
+    rows = []
+    for label, model in models.items():
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            r = generate(model, tokenizer, list(dataset["prompt"]), samples_per_prompt, max_new_tokens, temperature)
+        r.columns = dataset_columns(dataset, r.prompt_index)
+        scores = score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions, r.columns)
+        rows += [dict(model=label, prompt=p, completion=c, reward=float(x))
+                 for p, c, x in zip(r.prompts, r.completions, scores.tolist(), strict=True)]
+    width = max(len(r["model"]) for r in rows)
+    for r in rows:
+        print(f"{r['model']:<{width}}  reward {r['reward']:.0f}  {r['prompt']}{r['completion']}")
+    return rows
+
+
 def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) -> dict:
     """Held-out metrics the training loops log before training (step 0), every cfg.eval_every steps and at the end:
     accuracy sampled at cfg.temperature and greedy. {} without eval data or when ``step`` is not on that schedule."""

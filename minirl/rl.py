@@ -49,7 +49,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         reward_weights: one weight per reward function (default 1 each).
         ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
-        callback: called as ``callback(step, row)`` after each step.
+        callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
+            ``row`` (e.g. a measurement on fresh samples) are logged with it.
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
@@ -101,9 +102,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         if cfg.adaptive_kl and kl_tokens is not None:
             beta = adaptive_kl_beta(beta, row["kl_ref_seq"], cfg.target_kl, cfg.kl_horizon, len(rl_batch))
         row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn))
-        history.log(**row)
         if callback is not None:
-            callback(step, row)
+            callback(step, row)  # before logging: what the callback adds to the row is logged with it
+        history.log(**row)
     return history
 
 

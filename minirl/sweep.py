@@ -10,7 +10,8 @@ JSON file::
 
 Every run starts from the same warm start (``warm_start(profile, seed=warm_start_seed, moe=moe)``), trains with
 ``make_config(**base, **arm, seed=seed)`` and evaluates on the first ``eval_prompts`` held-out prompts (the same
-prompts and samples for every arm, so the step-0 row is the same evaluation of the same model everywhere). The
+prompts for every run, sampled with the run's seed: the step-0 row of a seed is the same evaluation of the same
+model in every arm). The
 results go beside the spec (or to ``--out``): ``runs/<arm slug>__s<seed>.jsonl`` (the run's History, one row per
 step) with its wall time in ``.meta.json``, and ``summary.json`` (per arm and step: mean, standard deviation, min
 and max over seeds of the logged metrics; the spec; the command, commit, wall time and machine). A run whose file

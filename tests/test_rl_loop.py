@@ -364,3 +364,17 @@ def test_warm_start_keeps_the_check_closer_to_the_target(tok, monkeypatch):
     assert len(info["sft_loss"]) == 10 and info["kept_step"] == 5
     assert all(torch.equal(v, saved[0.30][k]) for k, v in model.state_dict().items())
     assert not all(torch.equal(v, saved[0.46][k]) for k, v in model.state_dict().items())
+
+
+def test_show_completions_gives_each_model_the_same_prompts_and_scores_them(tok, capsys):
+    rows = tasks.load_split("test").select(range(2))
+    a, b = tiny_model(tok, seed=0), tiny_model(tok, seed=1)
+    out = evaluation.show_completions({"a": a, "b": b}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
+    assert [r["model"] for r in out] == ["a"] * 4 + ["b"] * 4
+    assert [r["prompt"] for r in out[:4]] == [rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2
+    answer = {row["prompt"]: row["answer"] for row in rows}
+    for r in out:  # the reward is the task's score of the completion shown
+        assert r["reward"] == float(tasks.score(r["completion"], answer[r["prompt"]]).correct)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 8
+    again = evaluation.show_completions({"a": a}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
+    assert [r["completion"] for r in again] == [r["completion"] for r in out[:4]]  # seeded: repeatable

@@ -103,3 +103,15 @@ def test_plot_metric_draws_the_mean_and_a_min_max_band(tmp_path, tiny_warm_start
     assert list(line.get_xdata()) == [4.0, 8.0] and list(line.get_ydata()) == m["mean"]
     assert len(ax.lines) == 2 and len(ax.collections) == 2  # one line and one band per arm
     plt.close(fig)
+
+
+def test_the_kl_probe_logs_the_true_kl_in_the_runs_rows(tmp_path, tiny_warm_start):
+    """kl_probe adds true_kl (nats per sequence, >= 0) to the rows it measures, through train_rl's callback: the
+    callback runs before the row is logged."""
+    path = write_spec(tmp_path, kl_probe={"prompts": 2, "samples": 1, "every": 2}, seeds=[0])
+    summary = sweep.run_sweep(path, progress=False)
+    m = summary["arms"]["grpo"]["metrics"]["true_kl"]
+    assert m["step"] == [2] and m["mean"][0] >= 0.0  # measured at step 2 (every 2, and the last step)
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "grpo__s0.jsonl").open()]
+    assert [r["step"] for r in rows if "true_kl" in r] == [2]
+    assert all(k in rows[-1] for k in ("true_kl_stderr", "true_kl_per_token", "fresh_entropy"))
