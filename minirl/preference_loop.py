@@ -265,7 +265,8 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
             for SimPO, which is reference-free.
         eval_data: optional held-out Dataset (prompt, answer): task accuracy sampled at T = 1 and greedy is
             logged before training (step 0), every ``cfg.eval_every`` steps and at the end.
-        callback: called as ``callback(step, row)`` after each step.
+        callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
+            ``row`` are logged with it.
 
     Returns:
         History; each step logs loss, the method's stats (chosen_rewards / rejected_rewards / margins /
@@ -312,7 +313,7 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
         if step == cfg.steps:
             row.update(memory_held(model, opt, ref_model))
         row.update(eval_metrics(model, tokenizer, eval_data, cfg, step))
-        history.log(**row)
         if callback is not None:
-            callback(step, row)
+            callback(step, row)  # before logging: what the callback adds to the row is logged with it
+        history.log(**row)
     return history
