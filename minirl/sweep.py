@@ -11,17 +11,17 @@ JSON file::
 Every run starts from the same warm start (``warm_start(profile, seed=warm_start_seed, moe=moe)``), trains with
 ``make_config(**base, **arm, seed=seed)`` and evaluates on the first ``eval_prompts`` held-out prompts (the same
 prompts for every run, sampled with the run's seed: the step-0 row of a seed is the same evaluation of the same
-model in every arm). The
-results go beside the spec (or to ``--out``): ``runs/<arm slug>__s<seed>.jsonl`` (the run's History, one row per
-step) with its wall time in ``.meta.json``, and ``summary.json`` (per arm and step: mean, standard deviation, min
-and max over seeds of the logged metrics; the spec; the command, commit, wall time and machine). A run whose file
-exists is not run again, so an interrupted sweep resumes where it stopped; each file is written only when its run
-has finished.
+model in every arm). The results go beside the spec (or to ``--out``): ``runs/<arm slug>__s<seed>.jsonl`` (the run's
+History, one row per step) with its wall time in ``.meta.json``, and ``summary.json`` (per arm and step: mean,
+standard deviation, min and max over seeds of the logged metrics; the spec; the command, commit, wall time and
+machine). A run whose file exists is not run again, so an interrupted sweep resumes where it stopped; each file is
+written only when its run has finished.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import platform
@@ -151,14 +151,14 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path | None = None, progress
     return summary
 
 
-def summarize(spec: SweepSpec, out_dir: str | Path, keys: tuple[str, ...] | None = None) -> dict:
+def summarize(spec: SweepSpec, out_dir: str | Path) -> dict:
     """Per arm, per logged metric: the step axis, the mean, standard deviation, min and max over seeds at each
     step where every seed logged it, and ``gen_samples_cum`` (generated samples so far, for arms that differ in
     samples per step). ``final`` holds each seed's last value of each metric."""
     arms = {}
     for arm in spec.arms:
         runs = [History.from_jsonl(run_file(Path(out_dir), arm, s)) for s in spec.seeds]
-        metrics = keys or sorted({k for h in runs for r in h.rows for k in r if k != "step"})
+        metrics = sorted({k for h in runs for r in h.rows for k in r if k != "step"})
         arm_out = {"seeds": spec.seeds, "metrics": {}, "final": {}}
         for key in metrics:
             series = [dict(zip(*h.series(key), strict=True)) for h in runs]
@@ -171,9 +171,9 @@ def summarize(spec: SweepSpec, out_dir: str | Path, keys: tuple[str, ...] | None
                 "std": [statistics.stdev(v) if len(v) > 1 else 0.0 for v in values],
                 "min": [min(v) for v in values], "max": [max(v) for v in values]}
             arm_out["final"][key] = [s[steps[-1]] for s in series]
-        samples = [_cumulative(h.series("gen_samples")) for h in runs]
-        if all(samples):
-            per_step = zip(*(s[1] for s in samples), strict=True)  # seeds' cumulative samples, step by step
+        samples = [h.series("gen_samples") for h in runs]  # (steps, samples of each step) per seed
+        if all(steps for steps, _ in samples):
+            per_step = zip(*(itertools.accumulate(v) for _, v in samples), strict=True)  # samples so far, per seed
             arm_out["gen_samples_cum"] = {"step": samples[0][0], "mean": [statistics.fmean(v) for v in per_step]}
         arms[arm] = arm_out
     return {"name": spec.name, "spec": asdict(spec), "arms": arms}
@@ -204,15 +204,6 @@ def plot_metric(ax, summary: dict, key: str, arms=None, x: str = "step", **style
         ax.fill_between(xs, m["min"], m["max"], color=line.get_color(), alpha=0.15, lw=0)
     ax.set_xlabel("generated samples" if x == "samples" else "RL step")
     ax.grid(alpha=0.3)
-
-
-def _cumulative(series: tuple[list[int], list[float]]):
-    steps, values = series
-    total, out = 0.0, []
-    for v in values:
-        total += v
-        out.append(total)
-    return (steps, out) if steps else None
 
 
 def _command(spec_path, out_dir) -> str:

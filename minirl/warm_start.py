@@ -127,20 +127,20 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
                cache: bool = True, progress: bool = True):
     """The warm-started tiny model of a profile: built from config, SFT'd on the train split, cached on disk.
 
-    The run stops at the first check (every ``SFT_EVAL_EVERY`` steps) where the model's sampled accuracy at T = 1
-    on the validation rows (the last ``VALIDATION_SIZE`` prompts of the train split, never trained on;
+    The run stops at the first check (every ``SFT_EVAL_EVERY`` steps) where the model's sampled accuracy at T = 1 on
+    the validation rows (the last ``VALIDATION_SIZE`` prompts of the train split, never trained on;
     ``SAMPLES_PER_PROMPT`` samples each, seeded) reaches the profile's ``sft_target_accuracy``, or at the end of the
     schedule. Selecting the checkpoint by accuracy is what makes the warm start land in the same place for every
-    seed and machine: how many steps a seed needs to learn to add varies a lot (at a fixed 200 steps, seeds 0 and 1
-    ended at greedy accuracy 0.71 and 0.31), but where the run stops does not. The full check (1,024 samples)
-    costs seconds, so it runs only once a screen of ``SCREEN_PROMPTS`` single samples is within ``SCREEN_MARGIN`` of
-    the target (2.5 standard errors of the screen: it almost never misses a model that is there). The check is on
-    sampled accuracy, not greedy, because RL starts from what the model samples, and the relation between the two
-    differs from seed to seed; every 5 steps, because accuracy rises by up to ~0.7 points a step near the target, so
-    a coarser check overshoots. Even so, one SFT step can move the accuracy by 10 points near the target, so of the
-    first check at or above the target and the last one below it, the run keeps the weights of the closer one.
+    seed and machine: how many steps a seed needs to learn to add varies a lot (175 to 255 over the seeds and thread
+    counts of notebooks/results/warm_start_spread.json), but where the run stops varies much less. The full check
+    (1,024 samples) costs seconds, so it runs only once a screen of ``SCREEN_PROMPTS`` single samples is within
+    ``SCREEN_MARGIN`` of the target (2.5 standard errors of the screen: it almost never misses a model that is
+    there). The check is on sampled accuracy, not greedy, because RL starts from what the model samples, and the
+    relation between the two differs from seed to seed; every 5 steps, because accuracy rises fast near the target,
+    so a coarser check overshoots. Even so, one SFT step can move the accuracy by 10 points near the target, so of
+    the first check at or above the target and the last one below it, the run keeps the weights of the closer one.
 
-    The first call trains (about a minute on the cpu profile) and saves the model and tokenizer with
+    The first call trains (about two minutes on the cpu profile, 2 cores) and saves the model and tokenizer with
     ``save_pretrained`` under ``.cache/warmstart/<key>`` (git-ignored); later calls, from any notebook or the CLI,
     load them back with ``models.load``, the same code path as any Hugging Face checkpoint.
 
