@@ -36,7 +36,9 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
 
     Returns:
         dict with accuracy (the mean reward over the completions: for a 0/1 reward, the share that is right),
-        accuracy_stderr (its standard error over completions), mean_length (tokens, EOS included),
+        accuracy_stderr (its standard error over completions, which treats them as independent),
+        accuracy_stderr_prompts (the standard error over prompts of each prompt's mean reward: the honest one when
+        samples_per_prompt > 1, because completions of one prompt are correlated), mean_length (tokens, EOS included),
         mean_length_wrong (the same over the completions with reward <= 0; NaN when there are none),
         truncated_rate, n (completions) and, for the running-sums task, format_rate.
     """
@@ -59,6 +61,8 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
     n = scores.numel()
     out = {"accuracy": float(scores.mean()),
            "accuracy_stderr": float(scores.std() / n ** 0.5) if n > 1 else float("nan"),
+           "accuracy_stderr_prompts": float(scores.view(-1, k).mean(1).std() / (n // k) ** 0.5) if n // k > 1
+           else float("nan"),
            "mean_length": float(torch.cat(lengths).mean()),
            "mean_length_wrong": float(torch.cat(lengths).float()[scores <= 0].mean()) if (scores <= 0).any()
            else float("nan"),

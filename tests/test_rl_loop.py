@@ -329,6 +329,7 @@ def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, m
         return {"accuracy": next(fulls) if full else next(screens)}
 
     monkeypatch.setattr(warm_start, "evaluate", scripted_evaluate)
+    monkeypatch.setattr(warm_start, "heldout_evaluation", lambda *a: {})  # the test split is not what is scripted
     small = tiny_model(tok)
     monkeypatch.setattr(warm_start.models, "tiny_dense", lambda tok, seed=0, **kw: small)
     profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
@@ -358,12 +359,90 @@ def test_warm_start_keeps_the_check_closer_to_the_target(tok, monkeypatch):
         return {"accuracy": accuracy}
 
     monkeypatch.setattr(warm_start, "evaluate", scripted_evaluate)
+    monkeypatch.setattr(warm_start, "heldout_evaluation", lambda *a: {})  # the test split is not what is scripted
     monkeypatch.setattr(warm_start.models, "tiny_dense", lambda tok, seed=0, **kw: small)
     profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
     model, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=False)
     assert len(info["sft_loss"]) == 10 and info["kept_step"] == 5
     assert all(torch.equal(v, saved[0.30][k]) for k, v in model.state_dict().items())
     assert not all(torch.equal(v, saved[0.46][k]) for k, v in model.state_dict().items())
+
+
+def test_evaluate_standard_error_over_prompts_by_hand(tok):
+    """A reward that depends only on the prompt: prompt 0 always right, prompt 1 always wrong, 2 samples each.
+    Over completions the scores are [1, 1, 0, 0]: std (n - 1) = sqrt(1/3) = 0.57735, SE = 0.57735 / 2 = 0.28868.
+    Over prompts the means are [1, 0]: std = sqrt(1/2) = 0.70711, SE = 0.70711 / sqrt(2) = 0.5, the honest one,
+    because a prompt's two completions carry one prompt's worth of information."""
+    data = tasks.load_split("test").select(range(2))
+    first = data["prompt"][0]
+
+    def by_prompt(prompts, completions, **kw):
+        return [1.0 if p == first else 0.0 for p in prompts]
+
+    out = evaluation.evaluate(tiny_model(tok), tok, data, max_new_tokens=4, samples_per_prompt=2, reward_fn=by_prompt)
+    assert out["accuracy"] == 0.5
+    assert out["accuracy_stderr"] == pytest.approx(3 ** -0.5 / 2, abs=1e-6)
+    assert out["accuracy_stderr_prompts"] == pytest.approx(0.5, abs=1e-6)
+
+
+def _scripted_warm_start(tok, monkeypatch, tmp_path, builds):
+    """warm_start on a tiny model with every evaluation scripted (validation 0.4, so the first full check stops
+    the run; test split: sampled 0.3, greedy 0.5), caching under tmp_path; ``builds`` counts the models built."""
+    from minirl.config import PROFILES
+
+    def scripted_evaluate(model, tokenizer, dataset, max_new_tokens, temperature=1.0, greedy=False,
+                          samples_per_prompt=1, **kw):
+        if dataset["prompt"] == tasks.load_split("test")["prompt"]:
+            return {"accuracy": 0.5 if greedy else 0.3, "accuracy_stderr": 0.03, "accuracy_stderr_prompts": 0.02}
+        return {"accuracy": 0.4}
+
+    small = tiny_model(tok)
+
+    def build(tok, seed=0, **kw):
+        builds.append(seed)
+        return copy.deepcopy(small)
+
+    monkeypatch.setattr(warm_start, "evaluate", scripted_evaluate)
+    monkeypatch.setattr(warm_start, "CACHE_DIR", tmp_path)
+    monkeypatch.setattr(warm_start.models, "tiny_dense", build)
+    return dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
+
+
+def test_the_warm_start_carries_one_shared_heldout_evaluation(tok, monkeypatch, tmp_path):
+    """Trained once, then loaded: both return the same ``heldout`` record (every test prompt, 16 samples at T = 1,
+    and greedy) and ``describe_heldout`` quotes it; a checkpoint cached before the record existed gets it on load."""
+    builds = []
+    profile = _scripted_warm_start(tok, monkeypatch, tmp_path, builds)
+    _, _, trained = warm_start.warm_start(profile, seed=0, progress=False)
+    _, _, loaded = warm_start.warm_start(profile, seed=0, progress=False)
+    assert builds == [0] and trained["heldout"] == loaded["heldout"] == {
+        "sampled": 0.3, "sampled_se": 0.02, "greedy": 0.5, "greedy_se": 0.03, "prompts": 256, "samples": 16}
+    assert warm_start.describe_heldout(loaded) == ("warm start (256 test prompts): sampled at T = 1 0.300 +- 0.020 "
+                                           "(16 samples each), greedy 0.500 +- 0.030")
+    info_file = next(tmp_path.glob("warmstart/*/info.json"))
+    old = json.loads(info_file.read_text())
+    del old["heldout"]
+    info_file.write_text(json.dumps(old))
+    _, _, upgraded = warm_start.warm_start(profile, seed=0, progress=False)
+    assert builds == [0] and upgraded["heldout"] == trained["heldout"]
+    assert json.loads(info_file.read_text())["heldout"] == trained["heldout"]
+
+
+def test_two_processes_asking_for_the_same_warm_start_train_it_once(tok, monkeypatch, tmp_path):
+    """Notebooks may run in parallel (CI's second configuration uses pytest -n 2): the cache is locked, so a
+    second caller waits for the first one's checkpoint instead of training it again or reading half a file."""
+    import threading
+
+    builds = []
+    profile = _scripted_warm_start(tok, monkeypatch, tmp_path, builds)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(warm_start.warm_start(profile, progress=False)[2]))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert builds == [0] and len(results) == 2 and results[0]["heldout"] == results[1]["heldout"]
 
 
 def test_show_completions_gives_each_model_the_same_prompts_and_scores_them(tok, capsys):
