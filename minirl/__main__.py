@@ -45,6 +45,7 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
                   "greedy_accuracy": r["eval_greedy_accuracy"]} for when, r in (("before", first), ("after", last))},
         "warm_start_seconds": round(t_warm, 1), "total_seconds": round(time.time() - t0, 1),
         "parameters": info["parameters"], "temperature": cfg.temperature,
+        "warm_start_heldout": info["heldout"],  # the shared evaluation every notebook quotes (warm_start.py)
         "eval": f"{len(test)} held-out prompts, {cfg.eval_samples_per_prompt} samples each at T={cfg.temperature}; "
                 f"greedy: 1 each",
     }
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if args.command == "train":
+        from .warm_start import describe_heldout
+
         out = args.out or f"runs/{args.algo}"
         summary = main_job(args.algo, args.profile, args.seed, args.steps, out)
         b, a = summary["before"], summary["after"]
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out accuracy, sampled at T={summary['temperature']}: "
               f"{b['sampled_accuracy']:.3f} -> {a['sampled_accuracy']:.3f}")
         print(f"held-out accuracy, greedy:             {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
+        print(describe_heldout({"heldout": summary["warm_start_heldout"]}) + " (the shared evaluation)")
         print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/curves.png")
         return 0
     if args.vs_trl:

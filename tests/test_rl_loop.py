@@ -287,6 +287,23 @@ def test_cli_unknown_algorithm(capsys):
     assert "--algo" in capsys.readouterr().err
 
 
+def test_cli_train_writes_its_summary_and_quotes_the_shared_warm_start_evaluation(tok, monkeypatch, tmp_path, capsys):
+    """`python -m minirl train` end to end on a tiny model (the warm start replaced, so nothing is trained for
+    minutes): one RL step, the three files written, and the warm start's shared evaluation in the summary and the
+    printout, as every notebook quotes it."""
+    from minirl.__main__ import main
+
+    heldout = {"sampled": 0.3, "sampled_se": 0.02, "greedy": 0.5, "greedy_se": 0.03, "prompts": 256, "samples": 16}
+    small = tiny_model(tok)
+    monkeypatch.setattr(warm_start, "warm_start", lambda prof, seed=0: (small, tok, {"parameters": 1,
+                                                                                     "heldout": heldout}))
+    assert main(["train", "--algo", "grpo", "--steps", "1", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["warm_start_heldout"] == heldout and summary["steps"] == 1
+    assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "curves.png").exists()
+    assert "warm start (256 test prompts): sampled at T = 1 0.300 +- 0.020" in capsys.readouterr().out
+
+
 # --- the warm start's schedule ----------------------------------------------------------------------------------------
 def test_sft_schedule_warms_up_then_decays_to_zero_by_hand():
     f = warm_start.sft_lr_factor
