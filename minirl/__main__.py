@@ -41,7 +41,8 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
     first, last = history.rows[0], history.rows[-1]
     summary = {
         "algo": algo, "profile": prof.name, "seed": seed, "steps": cfg.steps,
-        **{when: {"sampled_accuracy": r["eval_accuracy"], "sampled_accuracy_stderr": r["eval_accuracy_stderr"],
+        **{when: {"sampled_accuracy": r["eval_accuracy"],
+                  "sampled_accuracy_stderr": r["eval_accuracy_stderr_prompts"],  # over prompts: 4 samples each
                   "greedy_accuracy": r["eval_greedy_accuracy"]} for when, r in (("before", first), ("after", last))},
         "warm_start_seconds": round(t_warm, 1), "total_seconds": round(time.time() - t0, 1),
         "parameters": info["parameters"], "temperature": cfg.temperature,
@@ -68,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--steps", type=int, default=None, help="RL steps (default: the profile's)")
     train.add_argument("--out", default=None, help="output folder (default runs/<algo>)")
     bench = sub.add_parser("bench", help="time one RL step (generate / log-probs / backward / optimiser)")
-    bench.add_argument("--profile", default=None, choices=sorted(PROFILES))
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--profile", default=None, choices=sorted(PROFILES),
+                       help="model sizes and batch (default: gpu if CUDA is available, else cpu)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random-weight models and prompts (default 0)")
     bench.add_argument("--repeats", type=int, default=5, help="timed steps per model (default 5)")
     bench.add_argument("--vs-trl", action="store_true",
                        help="time one GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating "
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{args.algo} on the {summary['profile']} profile, seed {args.seed}, {summary['steps']} steps, "
               f"{summary['total_seconds']} s in all (warm start {summary['warm_start_seconds']} s)")
         print(f"held-out accuracy, sampled at T={summary['temperature']}: "
-              f"{b['sampled_accuracy']:.3f} -> {a['sampled_accuracy']:.3f}")
+              f"{b['sampled_accuracy']:.3f} +- {b['sampled_accuracy_stderr']:.3f} -> "
+              f"{a['sampled_accuracy']:.3f} +- {a['sampled_accuracy_stderr']:.3f} (standard errors over prompts)")
         print(f"held-out accuracy, greedy:             {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
         print(describe_heldout({"heldout": summary["warm_start_heldout"]}) + " (the shared evaluation)")
         print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/curves.png")

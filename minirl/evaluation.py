@@ -102,7 +102,8 @@ def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, samp
 
 def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) -> dict:
     """Held-out metrics the training loops log before training (step 0), every cfg.eval_every steps and at the end:
-    accuracy sampled at cfg.temperature and greedy. {} without eval data or when ``step`` is not on that schedule."""
+    accuracy sampled at cfg.temperature (with its standard error over completions and over prompts; the two are equal
+    with one sample per prompt) and greedy. {} without eval data or when ``step`` is not on that schedule."""
     due = step == 0 or step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
     if eval_data is None or not due:
         return {}
@@ -110,6 +111,7 @@ def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) ->
                        samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn)
     greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn)
     return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
+            "eval_accuracy_stderr_prompts": sampled["accuracy_stderr_prompts"],
             "eval_greedy_accuracy": greedy["accuracy"], "eval_length": sampled["mean_length"],
             "eval_wrong_length": sampled["mean_length_wrong"],
             **({"eval_format": sampled["format_rate"]} if "format_rate" in sampled else {})}

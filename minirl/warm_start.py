@@ -219,6 +219,11 @@ def _train(profile: Profile, spec: dict, steps: int, sizes: dict, seed: int, moe
             target - below["accuracy"] < checks[-1][2] - target:
         model.load_state_dict(below["weights"])
         kept = below["step"]
+    if progress:  # the bar stops short of the schedule on purpose: say why
+        reached = bool(checks) and checks[-1][2] is not None and checks[-1][2] >= target
+        print(f"warm start: {'stopped' if reached else 'ran'} after {len(curve)} of {steps} SFT steps"
+              + (f" (sampled accuracy on the validation prompts reached the target {target})" if reached else
+                 f" without reaching the target {target}") + f"; kept the weights of step {kept}")
     model.eval()
     info = {"spec": spec, "sft_loss": curve, "sft_seconds": time.time() - t0, "validation_checks": checks,
             "kept_step": kept,

@@ -330,7 +330,7 @@ def test_sft_stops_when_asked(tok):
     assert len(curve) == 3 and calls == [1, 2, 3]  # stop(n) after each step; True ends the run there
 
 
-def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, monkeypatch, tmp_path):
+def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, monkeypatch, tmp_path, capsys):
     """The stopping rule with scripted accuracies (target 0.35, screen margin 0.15): the full check runs only when
     the screen reaches 0.20, and the run stops at the first full check >= 0.35, not at a screen above it."""
     from minirl.config import PROFILES
@@ -350,8 +350,11 @@ def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, m
     small = tiny_model(tok)
     monkeypatch.setattr(warm_start.models, "tiny_dense", lambda tok, seed=0, **kw: small)
     profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
-    _, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=False)
+    _, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=True)
     assert len(info["sft_loss"]) == 25
+    # the progress bar stops at 25 of 100: the run says why
+    assert ("warm start: stopped after 25 of 100 SFT steps (sampled accuracy on the validation prompts reached the "
+            "target 0.35); kept the weights of step 25") in capsys.readouterr().out
     assert info["validation_checks"] == [(5, 0.05, None), (10, 0.10, None), (15, 0.40, 0.30), (20, 0.25, 0.33),
                                          (25, 0.30, 0.36)]
     assert calls.count((warm_start.SCREEN_PROMPTS, 1)) == 5 and calls.count((256, warm_start.SAMPLES_PER_PROMPT)) == 3
