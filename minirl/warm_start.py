@@ -8,6 +8,7 @@ show gains.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -167,26 +168,27 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
                 lr=profile.sft_lr, target=profile.sft_target_accuracy, seed=seed, version=6)
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE_DIR / "warmstart" / f"{spec['kind']}-{profile.name}-s{seed}-{key}"
-    if not cache:
-        return _train(profile, spec, steps, sizes, seed, moe, progress, path, cache=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
     # one process trains, any other waits and then loads (notebooks run in parallel, e.g. pytest -n 2)
-    with FileLock(str(path) + ".lock"):
-        if (path / "info.json").exists():
+    with FileLock(str(path) + ".lock") if cache else contextlib.nullcontext():
+        if cache and (path / "info.json").exists():
             tokenizer = build_tokenizer()
             model = models.load(str(path)).to(profile.device)
             info = json.loads((path / "info.json").read_text())
         else:
-            model, tokenizer, info = _train(profile, spec, steps, sizes, seed, moe, progress, path, cache=True)
-        if "heldout" not in info:  # checkpoints cached before the shared evaluation existed get it now
+            model, tokenizer, info = _train(profile, spec, steps, sizes, seed, moe, progress, path, cache)
+        if "heldout" not in info:  # just trained, or cached before the shared evaluation existed
             info["heldout"] = heldout_evaluation(model, tokenizer, profile)
-            (path / "info.json").write_text(json.dumps(info))
+            if cache:
+                (path / "info.json").write_text(json.dumps(info))
     return model, tokenizer, info
 
 
 def _train(profile: Profile, spec: dict, steps: int, sizes: dict, seed: int, moe: bool, progress: bool, path: Path,
            cache: bool):
-    """Build the tiny model, SFT it until the validation check stops the run, keep the closer checkpoint, save."""
+    """Build the tiny model, SFT it until the validation check stops the run, keep the closer checkpoint, save
+    (with ``cache``). The caller adds the shared held-out evaluation."""
     tokenizer = build_tokenizer()
     build = models.tiny_moe if moe else models.tiny_dense
     model = build(tokenizer, seed=seed, **sizes).to(profile.device)
@@ -229,7 +231,6 @@ def _train(profile: Profile, spec: dict, steps: int, sizes: dict, seed: int, moe
             "kept_step": kept,
             "parameters": models.count_parameters(model), "path": str(path.relative_to(CACHE_DIR.parent))
             if CACHE_DIR.parent in path.parents else str(path)}
-    info["heldout"] = heldout_evaluation(model, tokenizer, profile)
     if cache:
         path.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(path))
