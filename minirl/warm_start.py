@@ -127,8 +127,10 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     The run stops at the first full check where the sampled accuracy at T = 1 of the warm start's weights on the
     validation split (2,048 prompts in neither the train nor the test split, one seeded sample each) reaches the
     profile's ``sft_target_accuracy``, or at the end of the schedule. Selecting the checkpoint by accuracy is what
-    makes the warm start land in the same place for every seed and machine: how many steps a seed needs to learn to
-    add varies a lot, but where the run stops varies much less. Three things keep that place tight:
+    makes the warm start land in the same place for every seed and machine: how many steps a seed needs to learn
+    to add varies a lot (180 to 265 over the 3 seeds x 2 thread counts of notebooks/results/warm_start_spread.json),
+    but where the run stops varies much less (held-out sampled accuracy 0.365-0.406 there). Three things keep that
+    place tight:
 
     - the weights checked and kept are an exponential moving average of the SFT weights (decay ``EMA_DECAY``, about
       the last 20 steps): near the target one SFT step swings the raw model's accuracy by up to 10 points (0.33 ->
@@ -138,8 +140,8 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     - of the first full check at or above the target and the last one below it, the weights of the closer are kept.
 
     The validation prompts are mostly sums of 4 and 5 terms (nearly every shorter sum is in the train or the test
-    split), so the same model scores lower on them than on the test split: the target 0.28 there is about 0.35 on
-    the test split. A full check costs about 8 s on the cpu profile, so far from the target only a screen of
+    split), so the same model scores lower on them than on the test split: 0.28 there is about 0.38 on the test
+    split. A full check costs about 8 s on the cpu profile, so far from the target only a screen of
     ``SCREEN_PROMPTS`` single samples runs (every ``SFT_EVAL_EVERY`` steps), and the full check only once the
     screen is within ``SCREEN_MARGIN`` of the target (a screen misses a model at the target about 4% of the time,
     which delays the stop by one check). The check is on sampled accuracy, not greedy, because RL starts from what
