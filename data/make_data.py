@@ -1,5 +1,4 @@
-"""Regenerate the shipped task data: `python data/make_data.py` writes data/train.jsonl, data/test.jsonl and
-data/validation.jsonl.
+"""Regenerate the shipped task data: `python data/make_data.py` writes data/train.jsonl and data/test.jsonl.
 
 The task ("running sums") asks for the sum of 2 to 5 single-digit numbers. The reference completion is a short
 worked scratchpad, one partial sum per step, then the final answer after '#':
@@ -9,10 +8,7 @@ worked scratchpad, one partial sum per step, then the final answer after '#':
 
 so completions range from 6 to 34 tokens (EOS included) and length effects (truncation, Dr. GRPO's length bias,
 DAPO's overlong shaping) are visible. A fixed seed makes the files byte-for-byte reproducible; the test split
-holds out whole prompts (no prompt of the test split occurs in the train split). The validation split (2,048
-distinct prompts found in neither of the others) is the warm start's: it decides where the supervised run stops,
-so the test split stays untouched for the notebooks. It is drawn after the other two, which are therefore the
-same as before it existed.
+holds out whole prompts (no prompt of the test split occurs in the train split).
 """
 
 from __future__ import annotations
@@ -24,7 +20,6 @@ from pathlib import Path
 SEED = 1234
 N_TRAIN = 4000
 N_TEST = 256
-N_VALIDATION = 2048
 MIN_TERMS, MAX_TERMS = 2, 5
 
 
@@ -56,14 +51,7 @@ def main(out_dir: Path = Path(__file__).parent) -> None:
         ex = make_example(rng)
         if ex["prompt"] not in seen:  # held-out prompts never appear in training
             train.append(ex)
-    seen |= {ex["prompt"] for ex in train}
-    validation = []
-    while len(validation) < N_VALIDATION:
-        ex = make_example(rng)
-        if ex["prompt"] not in seen:  # distinct, and in neither the train nor the test split
-            seen.add(ex["prompt"])
-            validation.append(ex)
-    for name, rows in (("train", train), ("test", test), ("validation", validation)):
+    for name, rows in (("train", train), ("test", test)):
         with open(out_dir / f"{name}.jsonl", "w") as f:
             for row in rows:
                 f.write(json.dumps(row) + "\n")

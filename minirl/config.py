@@ -43,12 +43,12 @@ class Profile:
 
 PROFILES = {
     "cpu": Profile(name="cpu", device="cpu", dense=dict(hidden_size=128, num_layers=4, num_heads=4),
-                   moe=dict(hidden_size=128, num_layers=4, num_heads=4), sft_steps=500, sft_target_accuracy=0.28,
+                   moe=dict(hidden_size=128, num_layers=4, num_heads=4), sft_steps=500, sft_target_accuracy=0.35,
                    sft_batch_size=64,
                    sft_lr=2e-3, rl_steps=150, prompts_per_step=16, group_size=8, max_new_tokens=40, eval_size=256),
     "gpu": Profile(name="gpu", device="cuda", dense=dict(hidden_size=256, num_layers=6, num_heads=8),
                    moe=dict(hidden_size=256, num_layers=6, num_heads=8, num_experts=16), sft_steps=800,
-                   sft_target_accuracy=0.28,
+                   sft_target_accuracy=0.35,
                    sft_batch_size=128, sft_lr=1e-3, rl_steps=200, prompts_per_step=32, group_size=16,
                    max_new_tokens=40, eval_size=256),
 }

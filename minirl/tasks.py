@@ -30,7 +30,7 @@ def load_split(split: str = "train", data_dir: str | Path | None = None) -> data
     somewhere deep inside ``datasets``.
 
     Args:
-        split: "train", "test" or "validation" (the file ``{split}.jsonl`` in ``data_dir``).
+        split: "train" or "test" (the file ``{split}.jsonl`` in ``data_dir``).
         data_dir: folder holding the JSONL files; defaults to the repository's ``data/``.
 
     Returns:

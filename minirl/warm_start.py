@@ -20,7 +20,6 @@ from pathlib import Path
 
 import torch
 from filelock import FileLock
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import models, tasks
@@ -30,15 +29,17 @@ from .tokenizer import build_tokenizer
 
 CACHE_DIR = Path(os.environ.get("MINIRL_CACHE", Path(__file__).resolve().parent.parent / ".cache"))
 
-#: Every SFT_EVAL_EVERY steps the warm start samples one completion for each of the first SCREEN_PROMPTS prompts of
-#: the validation split (a cheap, noisy screen); once that accuracy is within SCREEN_MARGIN of the target, a full
-#: check samples one completion for every validation prompt (2,048, never trained on, in neither the train nor the
-#: test split). The run stops at the first full check that reaches the profile's target.
+#: The last distinct prompts of the train split are the warm start's validation set: never in an SFT batch, they
+#: decide when the warm start stops (the test split stays untouched for the notebooks' evaluations).
+VALIDATION_SIZE = 256
+#: Every SFT_EVAL_EVERY steps the warm start samples one completion for each of the first SCREEN_PROMPTS
+#: validation prompts (a cheap, noisy screen); once that accuracy is within SCREEN_MARGIN of the target, the check
+#: samples SAMPLES_PER_PROMPT completions for every validation prompt, and the run stops at the first such check
+#: that reaches the profile's target.
 SFT_EVAL_EVERY = 5
 SCREEN_PROMPTS = 64
-SCREEN_MARGIN = 0.10
-#: The warm start is an exponential moving average of the SFT weights with this decay (a horizon of ~20 steps).
-EMA_DECAY = 0.95
+SCREEN_MARGIN = 0.15
+SAMPLES_PER_PROMPT = 4
 #: The one evaluation of the warm start that every notebook quotes: all prompts of the test split, HELDOUT_SAMPLES
 #: completions each at T = 1 (seed 0), and greedy. Computed once per cached checkpoint and stored in its info.json.
 HELDOUT_SAMPLES = 16
@@ -65,8 +66,7 @@ def sft_batch(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> 
 
 
 def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
-        progress: bool = True, stop: Callable[[int], bool] | None = None,
-        averaged: AveragedModel | None = None) -> list[float]:
+        progress: bool = True, stop: Callable[[int], bool] | None = None) -> list[float]:
     """Supervised fine-tuning on the reference completions (cross-entropy on completion tokens only), with the
     learning rate of ``sft_lr_factor`` (warm-up, then a cosine decay to 0 at ``steps``).
 
@@ -75,8 +75,6 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
         steps: the schedule's length, and the most steps taken.
         stop: called as ``stop(n)`` after the n-th step; True ends the run there (``warm_start`` stops at a
             target accuracy).
-        averaged: a ``torch.optim.swa_utils.AveragedModel`` of ``model``, updated after every step (``warm_start``
-            keeps an exponential moving average of the weights).
 
     Returns:
         The loss (nats per completion token) of every step taken.
@@ -98,12 +96,22 @@ def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float =
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        if averaged is not None:
-            averaged.update_parameters(model)
         losses_.append(loss.item())
         if stop is not None and stop(len(losses_)):
             break
     return losses_
+
+
+def split_validation(train):
+    """(rows to fine-tune on, validation rows): the last ``VALIDATION_SIZE`` distinct prompts of the train split
+    are held out, and every row with one of those prompts leaves the fine-tuning rows (the split repeats some short
+    prompts, so holding out rows alone would not hold out prompts)."""
+    prompts, held, rows = list(train["prompt"]), set(), []
+    for i in reversed(range(len(prompts))):
+        if prompts[i] not in held and len(held) < VALIDATION_SIZE:
+            held.add(prompts[i])
+            rows.append(i)
+    return train.select([i for i, p in enumerate(prompts) if p not in held]), train.select(sorted(rows))
 
 
 def sft_lr_factor(step: int, steps: int, warmup: int = 20) -> float:
@@ -124,28 +132,18 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
                cache: bool = True, progress: bool = True):
     """The warm-started tiny model of a profile: built from config, SFT'd on the train split, cached on disk.
 
-    The run stops at the first full check where the sampled accuracy at T = 1 of the warm start's weights on the
-    validation split (2,048 prompts in neither the train nor the test split, one seeded sample each) reaches the
-    profile's ``sft_target_accuracy``, or at the end of the schedule. Selecting the checkpoint by accuracy is what
-    makes the warm start land in the same place for every seed and machine: how many steps a seed needs to learn
-    to add varies a lot (180 to 265 over the 3 seeds x 2 thread counts of notebooks/results/warm_start_spread.json),
-    but where the run stops varies much less (held-out sampled accuracy 0.365-0.406 there). Three things keep that
-    place tight:
-
-    - the weights checked and kept are an exponential moving average of the SFT weights (decay ``EMA_DECAY``, about
-      the last 20 steps): near the target one SFT step swings the raw model's accuracy by up to 10 points (0.33 ->
-      0.25 -> 0.38 in three checks of seed 0), while the average climbs by 1 to 4 points per check, smoothly;
-    - a large validation set: one sample for each of 2,048 distinct prompts measures the accuracy to about 0.01 (one
-      standard error), where 4 samples of 256 prompts measured it to about 0.02;
-    - of the first full check at or above the target and the last one below it, the weights of the closer are kept.
-
-    The validation prompts are mostly sums of 4 and 5 terms (nearly every shorter sum is in the train or the test
-    split), so the same model scores lower on them than on the test split: 0.28 there is about 0.38 on the test
-    split. A full check costs about 8 s on the cpu profile, so far from the target only a screen of
-    ``SCREEN_PROMPTS`` single samples runs (every ``SFT_EVAL_EVERY`` steps), and the full check only once the
-    screen is within ``SCREEN_MARGIN`` of the target (a screen misses a model at the target about 4% of the time,
-    which delays the stop by one check). The check is on sampled accuracy, not greedy, because RL starts from what
-    the model samples, and the relation between the two differs from seed to seed.
+    The run stops at the first check (every ``SFT_EVAL_EVERY`` steps) where the model's sampled accuracy at T = 1 on
+    the validation rows (the last ``VALIDATION_SIZE`` prompts of the train split, never trained on;
+    ``SAMPLES_PER_PROMPT`` samples each, seeded) reaches the profile's ``sft_target_accuracy``, or at the end of the
+    schedule. Selecting the checkpoint by accuracy is what makes the warm start land in the same place for every
+    seed and machine: how many steps a seed needs to learn to add varies a lot (175 to 255 over the seeds and thread
+    counts of notebooks/results/warm_start_spread.json), but where the run stops varies much less. The full check
+    (1,024 samples) costs seconds, so it runs only once a screen of ``SCREEN_PROMPTS`` single samples is within
+    ``SCREEN_MARGIN`` of the target (2.5 standard errors of the screen: it almost never misses a model that is
+    there). The check is on sampled accuracy, not greedy, because RL starts from what the model samples, and the
+    relation between the two differs from seed to seed; every 5 steps, because accuracy rises fast near the target,
+    so a coarser check overshoots. Even so, one SFT step can move the accuracy by 10 points near the target, so of
+    the first check at or above the target and the last one below it, the run keeps the weights of the closer one.
 
     The first call trains (about two minutes on the cpu profile, 2 cores) and saves the model and tokenizer with
     ``save_pretrained`` under ``.cache/warmstart/<key>`` (git-ignored); later calls, from any notebook or the CLI,
@@ -167,7 +165,7 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     steps = profile.sft_steps if steps is None else steps
     sizes = profile.moe if moe else profile.dense
     spec = dict(kind="moe" if moe else "dense", sizes=sizes, steps=steps, bs=profile.sft_batch_size,
-                lr=profile.sft_lr, target=profile.sft_target_accuracy, seed=seed, version=7)
+                lr=profile.sft_lr, target=profile.sft_target_accuracy, seed=seed, version=6)
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE_DIR / "warmstart" / f"{spec['kind']}-{profile.name}-s{seed}-{key}"
     if cache:
@@ -194,35 +192,31 @@ def _train(profile: Profile, spec: dict, steps: int, sizes: dict, seed: int, moe
     tokenizer = build_tokenizer()
     build = models.tiny_moe if moe else models.tiny_dense
     model = build(tokenizer, seed=seed, **sizes).to(profile.device)
-    train, validation = tasks.load_split("train"), tasks.load_split("validation")
-    checks = []  # (step, screen accuracy, full sampled accuracy or None) on the validation split
+    train = tasks.load_split("train")
+    sft_rows, validation = split_validation(train)
+    checks = []  # (step, screen accuracy, full sampled accuracy or None) on the validation rows
     screen = validation.select(range(SCREEN_PROMPTS))
     target = profile.sft_target_accuracy
     below = {}  # the last full check below the target: its step, accuracy and weights
-    # near the target one SFT step swings the accuracy by several points; the average of the last ~20 steps' weights
-    # moves smoothly, so it is what the checks measure and what the warm start keeps
-    averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(EMA_DECAY))
-    ema = averaged.module
 
     def reached_target(n: int) -> bool:
         if n % SFT_EVAL_EVERY:
             return False
-        quick = evaluate(ema, tokenizer, screen, profile.max_new_tokens, temperature=1.0, seed=seed)["accuracy"]
+        quick = evaluate(model, tokenizer, screen, profile.max_new_tokens, temperature=1.0, seed=seed)["accuracy"]
         accuracy = None
         if quick >= target - SCREEN_MARGIN:
-            accuracy = evaluate(ema, tokenizer, validation, profile.max_new_tokens, temperature=1.0,
-                                seed=seed)["accuracy"]
+            accuracy = evaluate(model, tokenizer, validation, profile.max_new_tokens, temperature=1.0,
+                                samples_per_prompt=SAMPLES_PER_PROMPT, seed=seed)["accuracy"]
         checks.append((n, quick, accuracy))
         if accuracy is not None and accuracy < target:
-            below.update(step=n, accuracy=accuracy, weights=copy.deepcopy(ema.state_dict()))
+            below.update(step=n, accuracy=accuracy, weights=copy.deepcopy(model.state_dict()))
         return accuracy is not None and accuracy >= target
 
     t0 = time.time()
-    curve = sft(model, tokenizer, train, steps, profile.sft_batch_size, profile.sft_lr, seed, progress,
-                stop=reached_target, averaged=averaged)
+    curve = sft(model, tokenizer, sft_rows, steps, profile.sft_batch_size, profile.sft_lr, seed, progress,
+                stop=reached_target)
     kept = len(curve)
-    model.load_state_dict(ema.state_dict())
-    # keep whichever of the two checks around the target is closer to it
+    # a step can move the accuracy by 10 points: keep whichever of the two checks around the target is closer
     if below and checks[-1][2] is not None and checks[-1][2] >= target and \
             target - below["accuracy"] < checks[-1][2] - target:
         model.load_state_dict(below["weights"])

@@ -314,11 +314,12 @@ def test_sft_schedule_warms_up_then_decays_to_zero_by_hand():
     assert all(f(s, 100) >= f(s + 1, 100) for s in range(19, 99))  # monotone after the warm-up
 
 
-def test_the_warm_start_validation_split_is_held_out_of_train_and_test():
-    train, test, validation = (tasks.load_split(s) for s in ("train", "test", "validation"))
-    assert len(validation) == 2048 == len(set(validation["prompt"]))  # distinct prompts
-    assert not set(validation["prompt"]) & set(train["prompt"])  # never fine-tuned on
-    assert not set(validation["prompt"]) & set(test["prompt"])  # the notebooks' evaluations stay untouched
+def test_the_warm_start_validation_rows_are_held_out_of_sft():
+    train = tasks.load_split("train")
+    sft_rows, validation = warm_start.split_validation(train)
+    assert len(validation) == warm_start.VALIDATION_SIZE == 256 == len(set(validation["prompt"]))  # distinct
+    assert not set(sft_rows["prompt"]) & set(validation["prompt"])  # no validation prompt is fine-tuned on
+    assert len(sft_rows) + len(validation) <= len(train) and len(sft_rows) > 0.8 * len(train)
 
 
 def test_sft_stops_when_asked(tok):
@@ -329,36 +330,18 @@ def test_sft_stops_when_asked(tok):
     assert len(curve) == 3 and calls == [1, 2, 3]  # stop(n) after each step; True ends the run there
 
 
-def test_sft_keeps_an_exponential_moving_average_of_the_weights_by_hand(tok):
-    """With decay 0.95 the first update copies the weights (w1) and the second gives 0.95 * w1 + 0.05 * w2."""
-    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-
-    model = tiny_model(tok)
-    averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(warm_start.EMA_DECAY))
-    raw = []
-    warm_start.sft(model, tok, tasks.load_split("train").select(range(64)), steps=50, batch_size=4, progress=False,
-                   stop=lambda n: raw.append({k: v.clone() for k, v in model.named_parameters()}) or n == 2,
-                   averaged=averaged)
-    assert warm_start.EMA_DECAY == 0.95
-    ema = dict(averaged.module.named_parameters())
-    for name, w1 in raw[0].items():
-        torch.testing.assert_close(ema[name], 0.95 * w1 + 0.05 * raw[1][name])
-    assert any(not torch.equal(ema[k], raw[1][k]) for k in ema)  # the average is not the last step's weights
-
-
 def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, monkeypatch, tmp_path, capsys):
-    """The stopping rule with scripted accuracies (target 0.28, screen margin 0.10): the full check (all 2,048
-    validation prompts, one sample each) runs only when the screen reaches 0.18, and the run stops at the first full
-    check >= 0.28, not at a screen above it."""
+    """The stopping rule with scripted accuracies (target 0.35, screen margin 0.15): the full check runs only when
+    the screen reaches 0.20, and the run stops at the first full check >= 0.35, not at a screen above it."""
     from minirl.config import PROFILES
 
-    screens = iter([0.05, 0.10, 0.33, 0.19, 0.23, 0.50])  # checks at steps 5, 10, ..., 30
-    fulls = iter([0.23, 0.26, 0.29])  # full checks at steps 15, 20, 25 (the screen 0.10 at step 10 skips one)
+    screens = iter([0.05, 0.10, 0.40, 0.25, 0.30, 0.50])  # checks at steps 5, 10, ..., 30
+    fulls = iter([0.30, 0.33, 0.36])  # full checks at steps 15, 20, 25 (the screen 0.10 at step 10 skips one)
     calls = []
 
     def scripted_evaluate(model, tokenizer, dataset, max_new_tokens, temperature=1.0, greedy=False,
                           samples_per_prompt=1, **kw):
-        full = len(dataset) == 2048
+        full = len(dataset) == warm_start.VALIDATION_SIZE
         calls.append((len(dataset), samples_per_prompt))
         return {"accuracy": next(fulls) if full else next(screens)}
 
@@ -367,31 +350,29 @@ def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, m
     small = tiny_model(tok)
     monkeypatch.setattr(warm_start.models, "tiny_dense", lambda tok, seed=0, **kw: small)
     profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
-    assert profile.sft_target_accuracy == 0.28 and warm_start.SCREEN_MARGIN == 0.10
     _, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=True)
     assert len(info["sft_loss"]) == 25
     # the progress bar stops at 25 of 100: the run says why
     assert ("warm start: stopped after 25 of 100 SFT steps (sampled accuracy on the validation prompts reached the "
-            "target 0.28); kept the weights of step 25") in capsys.readouterr().out
-    assert info["validation_checks"] == [(5, 0.05, None), (10, 0.10, None), (15, 0.33, 0.23), (20, 0.19, 0.26),
-                                         (25, 0.23, 0.29)]
-    assert calls.count((warm_start.SCREEN_PROMPTS, 1)) == 5 and calls.count((2048, 1)) == 3
-    # 0.29 is 0.01 above the target, 0.26 is 0.02 below: the reached one is closer and kept
+            "target 0.35); kept the weights of step 25") in capsys.readouterr().out
+    assert info["validation_checks"] == [(5, 0.05, None), (10, 0.10, None), (15, 0.40, 0.30), (20, 0.25, 0.33),
+                                         (25, 0.30, 0.36)]
+    assert calls.count((warm_start.SCREEN_PROMPTS, 1)) == 5 and calls.count((256, warm_start.SAMPLES_PER_PROMPT)) == 3
+    # 0.36 is 0.01 above the target, 0.33 is 0.02 below: the reached one is closer and kept
     assert info["kept_step"] == 25
 
 
 def test_warm_start_keeps_the_check_closer_to_the_target(tok, monkeypatch):
-    """A jump past the target (0.21 -> 0.39 at target 0.28): the weights of the check below, 0.07 away, are kept
-    instead of those 0.11 above; they are the weights that check measured (the moving average, not the raw SFT
-    weights of that step)."""
+    """A jump past the target (0.30 -> 0.46 at target 0.35): the weights of the check below, 0.05 away, are kept
+    instead of those 0.11 above; they are the weights the model had at that check."""
     from minirl.config import PROFILES
 
-    accuracies = iter([0.21, 0.39])
+    accuracies = iter([0.30, 0.46])
     small = tiny_model(tok)
     saved = {}
 
     def scripted_evaluate(model, tokenizer, dataset, *args, samples_per_prompt=1, **kw):
-        if len(dataset) < 2048:
+        if len(dataset) < warm_start.VALIDATION_SIZE:
             return {"accuracy": 0.3}  # the screen lets every full check run
         accuracy = next(accuracies)
         saved[accuracy] = {k: v.clone() for k, v in model.state_dict().items()}
@@ -403,8 +384,8 @@ def test_warm_start_keeps_the_check_closer_to_the_target(tok, monkeypatch):
     profile = dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
     model, _, info = warm_start.warm_start(profile, seed=0, cache=False, progress=False)
     assert len(info["sft_loss"]) == 10 and info["kept_step"] == 5
-    assert all(torch.equal(v, saved[0.21][k]) for k, v in model.state_dict().items())
-    assert not all(torch.equal(v, saved[0.39][k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(v, saved[0.30][k]) for k, v in model.state_dict().items())
+    assert not all(torch.equal(v, saved[0.46][k]) for k, v in model.state_dict().items())
 
 
 def test_evaluate_standard_error_over_prompts_by_hand(tok):
