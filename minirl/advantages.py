@@ -10,7 +10,7 @@ from .checks import choice, ndim, prefix_mask, same_shape, zero_outside
 SCALES = ("group", "batch", "none")
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
     """Group-relative advantages: each reward minus its group's mean, optionally divided by a std.
 
     A_i = (r_i - mean(r_group)) / (std(r_group) + eps) for scale="group" (GRPO, unbiased std, ddof=1);
@@ -55,7 +55,7 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps
     return centred.view(-1)
 
 
-def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 0.95
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 0.95
         ) -> tuple[Tensor, Tensor]:
     """Generalised Advantage Estimation over the tokens of each completion.
 
@@ -107,7 +107,7 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: 
     return advantages, (advantages + values) * mask
 
 
-def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def whiten(x: Tensor, mask: Tensor, *, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
     """Normalise ``x`` to unit variance over its valid entries (and zero mean when ``shift_mean``).
 
     PPO implementations whiten the advantages per batch; shift_mean=False keeps their sign, which some
@@ -180,7 +180,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     return float(1 - (r - v).var() / var) if var > 0 else float("nan")
 
 
-def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor, group_size: int,
+def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor, group_size: int, *,
                            scale: str = "group", eps: float = 1e-4) -> Tensor:
     """Per-token advantages for GRPO with a per-token penalty (a KL estimate) placed in the reward.
 
@@ -218,7 +218,7 @@ def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor
     ndim("token_penalties", token_penalties, 2, "(B, T)")
     if scores.shape != token_penalties.shape[:1]:
         raise ValueError(f"scores must have shape ({token_penalties.shape[0]},), got {tuple(scores.shape)}")
-    task = group_advantages(scores, group_size, scale, eps)  # (B,)
+    task = group_advantages(scores, group_size, scale=scale, eps=eps)  # (B,)
     mask = mask.float()
     c = zero_outside(token_penalties.float(), mask)  # (B, T); padding may hold anything
     to_go = c.flip(-1).cumsum(-1).flip(-1)  # (B, T) C_t

@@ -34,7 +34,7 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
-def bench_model(model, tokenizer, prompts, answers, group_size: int, max_new_tokens: int, repeats: int,
+def bench_model(model, tokenizer, prompts, answers, *, group_size: int, max_new_tokens: int, repeats: int,
                 device: str) -> dict:
     """Time ``repeats`` GRPO steps of ``model`` (after one warm-up) and return the median of each part (seconds)."""
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -122,8 +122,9 @@ def run_bench(profile: str | None = None, seed: int = 0, repeats: int = 5) -> di
         model = build(tokenizer, seed=seed, **(prof.moe if kind == "moe" else prof.dense)).to(prof.device)
         if prof.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        result[kind] = bench_model(model, tokenizer, prompts, answers, prof.group_size, prof.max_new_tokens,
-                                   repeats, prof.device)
+        result[kind] = bench_model(model, tokenizer, prompts, answers, group_size=prof.group_size,
+                                   max_new_tokens=prof.max_new_tokens,
+                                   repeats=repeats, device=prof.device)
         if prof.device == "cuda":
             result[kind]["peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         del model
@@ -217,11 +218,14 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
         def minirl_step() -> float:
             t0 = time.perf_counter()
             with _eos_suppressed(completion_tokens):
-                batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, tasks.running_sums_reward, None, gen)
+                batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, reward_fn=tasks.running_sums_reward,
+                                              reward_weights=None, gen=gen)
             old, ref_lp, routes = rl.behaviour_logprobs(policy, ref, batch, cfg)
-            adv, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg, cfg.beta)
-            mb = rl.RLBatch(batch.input_ids, batch.attention_mask, batch.completion_mask, batch.completion_mask,
-                            old, adv, ref_lp, None, None, routes, batch.n_prompt_tokens)
+            adv, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg, beta=cfg.beta)
+            mb = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                            n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
+                            loss_mask=batch.completion_mask, old_logprobs=old, advantages=adv, ref_logprobs=ref_lp,
+                            routes=routes)
             rl.update_minibatch(policy, optimizer, mb, cfg, beta=cfg.beta)
             assert int(batch.completion_mask.sum()) == prompts_per_step * group_size * completion_tokens
             return time.perf_counter() - t0

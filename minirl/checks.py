@@ -60,7 +60,14 @@ def zero_outside(x: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask > 0, x, 0.0)
 
 
-def exp_linear_above(x: Tensor, cap: float) -> Tensor:
+#: Log-ratio (nats) above which the ratio's exp is continued by its tangent (``exp_linear_above``), shared by the
+#: losses (importance ratios) and k3: a ratio of e^20 ~ 4.9e8 is already meaningless, and a wild off-policy token must
+#: not produce inf (and then NaN gradients). This is not a clamp: past it the value keeps growing and the gradient
+#: keeps the exact one's sign (a clamp would zero the gradient, and for k3 give it the wrong sign).
+LOG_RATIO_LINEAR_ABOVE = 20.0
+
+
+def exp_linear_above(x: Tensor, cap: float = LOG_RATIO_LINEAR_ABOVE) -> Tensor:
     """exp(x) for x <= cap, continued above by its tangent at cap: e^cap * (1 + x - cap).
 
     Finite for any finite x (exp(89) is already inf in float32) and increasing, with a continuous derivative, so

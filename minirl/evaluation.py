@@ -17,7 +17,7 @@ from .rollout import completion_logits, dataset_columns, generate
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False,
+def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: float = 1.0, greedy: bool = False,
              samples_per_prompt: int = 1, batch_size: int = 256, seed: int | None = 0, reward_fn=None) -> dict:
     """Held-out accuracy of the model on a split, sampled at ``temperature`` or greedy.
 
@@ -50,7 +50,7 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
             torch.manual_seed(seed)
         for i in range(0, len(prompts), batch_size):
             rows = dataset.select(range(i, min(i + batch_size, len(prompts))))
-            r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature, greedy)
+            r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature=temperature, greedy=greedy)
             r.columns = dataset_columns(rows, r.prompt_index)
             scores.append(score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
                                             r.columns))
@@ -72,7 +72,7 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
     return out
 
 
-def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, samples_per_prompt: int = 2,
+def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, *, samples_per_prompt: int = 2,
                      temperature: float = 1.0, seed: int = 0, reward_fn=None) -> list[dict]:
     """What each model writes: ``samples_per_prompt`` completions per prompt of ``dataset``, with their reward.
 
@@ -89,7 +89,8 @@ def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, samp
     for label, model in models.items():
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            r = generate(model, tokenizer, list(dataset["prompt"]), samples_per_prompt, max_new_tokens, temperature)
+            r = generate(model, tokenizer, list(dataset["prompt"]), samples_per_prompt, max_new_tokens,
+                         temperature=temperature)
         r.columns = dataset_columns(dataset, r.prompt_index)
         scores = score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions, r.columns)
         rows += [dict(model=label, prompt=p, completion=c, reward=float(x))
@@ -107,7 +108,7 @@ def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) ->
     due = step == 0 or step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
     if eval_data is None or not due:
         return {}
-    sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, cfg.temperature,
+    sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, temperature=cfg.temperature,
                        samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn)
     greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn)
     return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
@@ -144,7 +145,7 @@ def memory_held(model, optimizer=None, ref_model=None) -> dict:
 
 
 @torch.no_grad()
-def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, temperature: float = 1.0
+def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, *, temperature: float = 1.0
                 ) -> tuple[Tensor, Tensor]:
     """The TRUE KL(pi || ref) of each sampled completion: exact per-position KL summed over its valid tokens.
 
@@ -173,13 +174,13 @@ def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, tem
     P, mask = rollout.n_prompt_tokens, rollout.completion_mask  # mask (B, T)
     logits = completion_logits(model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
     ref_logits = completion_logits(ref_model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
-    kl_t = exact_token_kl(logits, ref_logits, temperature)  # (B, T)
+    kl_t = exact_token_kl(logits, ref_logits, temperature=temperature)  # (B, T)
     logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
     entropy_t = -(logp.exp() * logp).sum(-1)  # (B, T)
     return zero_outside(kl_t, mask).sum(-1), zero_outside(entropy_t, mask).sum(-1)
 
 
-def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, samples_per_prompt: int,
+def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, *, samples_per_prompt: int,
                     max_new_tokens: int, temperature: float = 1.0, seed: int = 0, answers=None) -> dict:
     """Sample fresh completions from ``model`` and measure its true KL to ``ref_model`` on them (``sequence_kl``).
 
@@ -212,8 +213,8 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
     model.eval()
     with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
         torch.manual_seed(seed)
-        batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature)
-    kl, entropy = sequence_kl(model, ref_model, batch, temperature)  # (B,), (B,)
+        batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature=temperature)
+    kl, entropy = sequence_kl(model, ref_model, batch, temperature=temperature)  # (B,), (B,)
     model.train(was_training)
     n_tok = batch.lengths.sum().clamp(min=1)
     out = {"kl": float(kl.mean()), "kl_stderr": float(kl.std() / len(kl) ** 0.5) if len(kl) > 1 else float("nan"),

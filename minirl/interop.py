@@ -14,7 +14,8 @@ Convention differences that remain where both engines run the same switches (eac
 
 - Rows with no valid token (all masked, e.g. by overlong filtering): TRL's "grpo" and "dr_grpo" losses divide by
   all B rows, minirl by the rows that have a token (the loss is scaled by B_valid / B in TRL).
-- Log-ratios: minirl clamps them to +-20 nats before exp (losses and k3); TRL 1.16 does not clamp.
+- Log-ratios: above 20 nats minirl continues exp by its tangent (losses and k3, ``checks.exp_linear_above``), so
+  a ratio stays finite and its gradient keeps its sign; TRL 1.16 takes exp as it is (inf past ~88 nats in float32).
 - TRL's "dapo" loss divides every optimiser step by the generation batch's tokens / steps_per_generation (the mean
   token count per step); minirl's token-mean divides by the minibatch's own tokens. Equal with one optimiser step
   per rollout (``num_minibatches=1``), whatever ``num_iterations``.
@@ -254,7 +255,8 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
 
     Differences verl's options cannot express, left as they are (say so when comparing runs): the group std is
     divided with eps 1e-6 (minirl 1e-4); verl's k3 ("low_var_kl") output is clamped to [-10, 10]; its GSPO
-    log-ratio is clamped above at 10 (minirl +-20); verl's "gspo" loss is the GSPO-token form (s_i,t), equal to
+    log-ratio is clamped above at 10 (minirl continues exp linearly above 20 nats,
+    no clamp); verl's "gspo" loss is the GSPO-token form (s_i,t), equal to
     GSPO for per-sequence advantages; vanilla PPO always applies dual-clip, so "no dual clip" is written as
     clip_ratio_c=1e9.
 
@@ -371,10 +373,9 @@ def describe_verl(cfg: RLConfig) -> str:
 
 
 def engine_equivalents() -> dict[str, dict[str, str]]:
-    """``config.ENGINE_EQUIVALENTS`` as these functions generate it, for every preset of ``ALGORITHMS``.
-
-    config.py holds the generated literal (config must not import this module); ``python -m minirl.interop``
-    prints it, and a test checks that the two are the same.
+    """Where a reader finds each preset of ``ALGORITHMS`` in the engines: the TRL GRPOConfig arguments and the
+    verl overrides that define the algorithm (``to_trl`` / ``to_verl`` give the full, runnable settings), or the
+    reason an engine cannot run it. ``python -m minirl.interop`` prints the table.
     """
     out = {}
     for name in ALGORITHMS:
@@ -383,7 +384,7 @@ def engine_equivalents() -> dict[str, dict[str, str]]:
     return out
 
 
-if __name__ == "__main__":  # python -m minirl.interop: the literal for config.ENGINE_EQUIVALENTS
+if __name__ == "__main__":  # python -m minirl.interop: each preset in TRL and verl
     import pprint
 
     pprint.pprint(engine_equivalents(), width=118, sort_dicts=False)

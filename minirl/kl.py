@@ -22,13 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, exp_linear_above, same_shape, zero_outside
-
-#: Above this log-ratio (nats) k3's exp() is continued by its tangent (``checks.exp_linear_above``), so
-#: |logprobs - ref_logprobs| of 50, 100 (and beyond) stays finite while the gradient keeps the exact one's sign.
-#: exp(20) ~ 4.9e8 is far outside anything a sane run reaches; this only guards against inf/NaN. (The name is kept
-#: from when it was a clamp, which made the gradient +1 there: the wrong sign.)
-LOG_RATIO_CLAMP = 20.0
+from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, same_shape, zero_outside
 
 ESTIMATORS = ("k1", "k2", "k3")
 PLACEMENTS = ("reward", "loss")
@@ -86,7 +80,7 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     Its mean is the KL and it is never negative; differentiated inside a loss, though, its expected gradient is that
     of the forward KL(ref || pi), not of the reverse KL the penalty is meant to be (notebook 03 shows this exactly).
 
-    Above log r = LOG_RATIO_CLAMP (20 nats) exp is continued by its tangent, e^20 * (1 + log r - 20): value and
+    Above log r = LOG_RATIO_LINEAR_ABOVE (20 nats) exp is continued by its tangent, e^20 * (1 + log r - 20): value and
     gradient stay finite, the value stays >= 0, and the gradient keeps the exact one's sign. Example: logprobs -
     ref = -25 gives 6 e^20 - 26 = 2.910991e9 and d/dlogprobs = 1 - e^20 = -4.851652e8 (exact: 1 - e^25 =
     -7.200490e10, the same sign; a clamp would give +1 and push the policy away from the reference). Below 20
@@ -107,10 +101,10 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     log_r = ref_logprobs - logprobs  # (B, T)
-    return exp_linear_above(log_r, LOG_RATIO_CLAMP) - 1 - log_r
+    return exp_linear_above(log_r, LOG_RATIO_LINEAR_ABOVE) - 1 - log_r
 
 
-def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str, mask: Tensor | None = None) -> Tensor:
+def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str, mask: Tensor | None = None) -> Tensor:
     """Dispatch to ``k1``, ``k2`` or ``k3`` by name. (B, T) -> (B, T).
 
     With ``mask`` (B, T), the estimate is 0 outside it and the inputs there are never read: padding may hold
@@ -126,7 +120,7 @@ def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, estimator: str, mask: Te
     return {"k1": k1, "k2": k2, "k3": k3}[estimator](logprobs, ref_logprobs)
 
 
-def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, beta: float, estimator: str = "k1",
+def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, *, beta: float, estimator: str = "k1",
                  mask: Tensor | None = None) -> Tensor:
     """Place the KL penalty in the reward: r_t <- r_t - beta * sg[k(t)], a per-token reward, detached.
 
@@ -152,10 +146,10 @@ def kl_in_reward(token_rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, 
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     same_shape(token_rewards=token_rewards, logprobs=logprobs)
-    return token_rewards - beta * kl_estimate(logprobs, ref_logprobs, estimator, mask).detach()
+    return token_rewards - beta * kl_estimate(logprobs, ref_logprobs, estimator=estimator, mask=mask).detach()
 
 
-def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", mask: Tensor | None = None) -> Tensor:
+def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str = "k3", mask: Tensor | None = None) -> Tensor:
     """Place the KL in the loss: the per-token estimate, *differentiated* through ``logprobs``.
 
     The caller adds ``beta * aggregate(kl_in_loss(...), mask, mode)`` to the policy loss. ``ref_logprobs`` is
@@ -178,7 +172,7 @@ def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", ma
 
     Source: Shao et al. 2024 (DeepSeekMath, GRPO), eq. 3-4; Tang & Munos 2025.
     """
-    return kl_estimate(logprobs, ref_logprobs.detach(), estimator, mask)
+    return kl_estimate(logprobs, ref_logprobs.detach(), estimator=estimator, mask=mask)
 
 
 # ------------------------------------------------------------------------------------------------ the true KL
@@ -188,7 +182,7 @@ def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3", ma
 # exactly. Only the prefixes are sampled. This is the Rao-Blackwellised k1: same mean, far less variance.
 
 
-def exact_token_kl(logits: Tensor, ref_logits: Tensor, temperature: float = 1.0) -> Tensor:
+def exact_token_kl(logits: Tensor, ref_logits: Tensor, *, temperature: float = 1.0) -> Tensor:
     """Exact KL(pi(. | prefix) || ref(. | prefix)) at every position, summed over the whole vocabulary.
 
     kl_t = sum_v pi(v) (log pi(v) - log ref(v)), with pi = softmax(logits / temperature) and ref likewise.

@@ -35,7 +35,7 @@ def _check_logits(theta: Tensor, ref_logits: Tensor) -> None:
 
 def _per_action(log_pi: Tensor, log_ref: Tensor, estimator: str) -> Tensor:
     """k(a) for every action a: the K actions are passed to ``minirl.kl`` as one batch of K one-token rows."""
-    return kl_estimate(log_pi[:, None], log_ref[:, None], estimator)[:, 0]  # (K,)
+    return kl_estimate(log_pi[:, None], log_ref[:, None], estimator=estimator)[:, 0]  # (K,)
 
 
 def true_kl(theta: Tensor, ref_logits: Tensor) -> Tensor:
@@ -350,7 +350,7 @@ def bandit_forward_optimum(rewards: Tensor, ref_logits: Tensor, beta: float, ite
     return (pi / pi.sum()).to(rewards.dtype)
 
 
-def bandit_train(rewards: Tensor, ref_logits: Tensor, beta: float, estimator: str, placement: str, steps: int,
+def bandit_train(rewards: Tensor, ref_logits: Tensor, *, beta: float, estimator: str, placement: str, steps: int,
                  lr: float, n_samples: int | None = None, seed: int = 0) -> Tensor:
     """Gradient ascent on E_pi[r] - beta * KL, with the KL's gradient from one estimator x placement.
 

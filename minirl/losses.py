@@ -6,19 +6,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import choice, exp_linear_above, ndim, same_shape, zero_outside
+from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same_shape, zero_outside
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
 
-#: Above +20 nats a log-ratio's exp() is continued by its tangent (``checks.exp_linear_above``): a ratio of
-#: e^20 ~ 4.9e8 is already meaningless, and a wild off-policy token must not produce inf (and then NaN gradients).
-#: Unlike a clamp, the continuation keeps the gradient's sign (a clamp would zero it). Below +20 the ratio is exp,
-#: exact (it only underflows towards 0). The name is kept from when this was a clamp at +-20.
-LOG_RATIO_CLAMP = 20.0
 
-
-def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None = None,
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, *, max_tokens: int | None = None,
               denominator: float | None = None) -> Tensor:
     """Reduce a (B, T) per-token loss to a scalar, the way each algorithm does.
 
@@ -51,6 +45,9 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
 
     Raises:
         ValueError: on shape mismatch, unknown mode, non-positive max_tokens or denominator.
+
+    Source: token-mean: DAPO, Yu et al. 2025, eq. 12; seq-mean-token-mean: GRPO, Shao et al. 2024, eq. 3;
+    seq-mean-token-sum-norm: Dr. GRPO, Liu et al. 2025, eq. 2 (the constant normaliser of their loss).
     """
     same_shape(per_token=per_token, mask=mask)
     ndim("per_token", per_token, 2, "(B, T)")
@@ -79,7 +76,7 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_tokens: int | None
     return (per_seq * valid_seq).sum() / count
 
 
-def _clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_high: float,
+def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float,
                        dual_clip: float | None) -> Tensor:
     """Per-element PPO loss: max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)), dual-clipped for A < 0."""
     if dual_clip is not None and not dual_clip > 1:
@@ -95,14 +92,14 @@ def _clipped_surrogate(ratio: Tensor, advantages: Tensor, eps_low: float, eps_hi
     return loss
 
 
-def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float = 0.2,
+def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
                 eps_high: float | None = None, level: str = "token", agg: str = "token-mean",
                 dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None
                 ) -> tuple[Tensor, dict]:
     """The clipped policy-gradient loss at one of three ratio levels: checks the inputs, then calls
     ``token_clip_loss`` (PPO, GRPO, DAPO), ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token).
 
-    Above ``LOG_RATIO_CLAMP`` (20 nats) a log-ratio's exp is continued by its tangent (at the sequence levels,
+    Above ``LOG_RATIO_LINEAR_ABOVE`` (20 nats) a log-ratio's exp is continued by its tangent (at the sequence levels,
     the mean log-ratio of each sequence), so the ratio stays finite and its gradient keeps its sign: where the
     unclipped branch is active (A < 0 without dual-clip, r above 1 + eps) the exact gradient is |A| r > 0 and
     this one is |A| e^20 > 0; where the clip or the dual clip is active it is 0, as it is exactly. Below, the
@@ -154,25 +151,25 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     # from here on only valid positions are read: padding may hold anything (a pad token's log-prob can be -inf)
     logprobs, old_logprobs = zero_outside(logprobs, mask), zero_outside(old_logprobs.detach(), mask)
     if level == "token":
-        loss, stats = token_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
-                                      max_tokens, denominator)
+        loss, stats = token_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                      agg=agg, dual_clip=dual_clip, max_tokens=max_tokens, denominator=denominator)
     elif level == "sequence":
-        loss, stats = gspo_loss(logprobs, old_logprobs, advantages[:, 0], mask, eps_low, eps_high, dual_clip,
-                                denominator)
+        loss, stats = gspo_loss(logprobs, old_logprobs, advantages[:, 0], mask, eps_low=eps_low, eps_high=eps_high,
+                                dual_clip=dual_clip, denominator=denominator)
     else:
-        loss, stats = gspo_token_loss(logprobs, old_logprobs, advantages, mask, eps_low, eps_high, agg, dual_clip,
-                                      max_tokens, denominator)
+        loss, stats = gspo_token_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                      agg=agg, dual_clip=dual_clip, max_tokens=max_tokens, denominator=denominator)
     # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
     # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead). Past 20 nats r is
     # continued linearly like the loss's ratio: finite, and still increasing with the log-ratio as the true value
     # (a clamp of r would make it decrease there)
     lr = (logprobs - old_logprobs).detach()  # (B, T), 0 outside the mask
-    kl_tokens = exp_linear_above(lr, LOG_RATIO_CLAMP) - 1 - lr  # (B, T)
+    kl_tokens = exp_linear_above(lr, LOG_RATIO_LINEAR_ABOVE) - 1 - lr  # (B, T)
     stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
 
 
-def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,
                     eps_high: float, agg: str, dual_clip: float | None = None, max_tokens: int | None = None,
                     denominator: float | None = None) -> tuple[Tensor, dict]:
     """Token-level clipped surrogate: one importance ratio per token, then ``aggregate``.
@@ -197,9 +194,9 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     """
     advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
     log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
-    ratio = exp_linear_above(log_ratio, LOG_RATIO_CLAMP)  # (B, T) exp, continued linearly above 20 nats
-    per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
-    loss = aggregate(per_token, mask, agg, max_tokens, denominator)
+    ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE)  # (B, T) exp, continued linearly above 20 nats
+    per_token = _clipped_surrogate(ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B, T)
+    loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
 
 
@@ -207,12 +204,12 @@ def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tens
     """GSPO's sequence importance ratio s_i = exp(mean over valid tokens of log(pi / pi_old)), a geometric mean.
 
     Example: log-ratios [3e-4, -1e-4, 1e-4] -> s = e^(3e-4 / 3) = e^1e-4 = 1.00010001. A row with no valid token
-    gets s = 1. Above ``LOG_RATIO_CLAMP`` nats, exp is continued by its tangent (finite, gradient of the right
+    gets s = 1. Above ``LOG_RATIO_LINEAR_ABOVE`` nats, exp is continued by its tangent (finite, gradient of the right
     sign). (B, T) -> (B,).
 
     Source: GSPO, Zheng et al. 2025, eq. 7.
     """
-    return exp_linear_above(_mean_log_ratio(logprobs, old_logprobs, mask), LOG_RATIO_CLAMP)  # (B,)
+    return exp_linear_above(_mean_log_ratio(logprobs, old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B,)
 
 
 def _mean_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -220,7 +217,7 @@ def _mean_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Ten
     return zero_outside(logprobs - old_logprobs, mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,
               eps_high: float, dual_clip: float | None = None, denominator: float | None = None
               ) -> tuple[Tensor, dict]:
     """GSPO: one clipped term per sequence with the sequence ratio s_i, averaged over sequences.
@@ -247,7 +244,7 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     has_tokens = mask.sum(-1) > 0  # (B,)
     advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
-    per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low, eps_high, dual_clip)  # (B,)
+    per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B,)
     valid = has_tokens.to(per_seq.dtype)  # (B,)
     count = denominator if denominator is not None else valid.sum()
     loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
@@ -256,7 +253,7 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     return loss, _ratio_stats(per_token_ratio, advantages.unsqueeze(1).expand(B, T), mask, eps_low, eps_high)
 
 
-def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, eps_low: float,
+def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,
                     eps_high: float, agg: str = "seq-mean-token-mean", dual_clip: float | None = None,
                     max_tokens: int | None = None, denominator: float | None = None) -> tuple[Tensor, dict]:
     """GSPO-token: s_it = sg[s_i] * pi(y_t) / sg[pi(y_t)], clipped per token, then ``aggregate``.
@@ -277,13 +274,14 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     """
     logprobs, advantages = zero_outside(logprobs, mask), zero_outside(advantages, mask)  # padding is never read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
-    # GSPO's d s_i / d(mean log-ratio) is s_i up to LOG_RATIO_CLAMP and e^clamp past it (the tangent continuation);
-    # scaling each token's exponent by that slope / s_i gives GSPO-token the same gradient as GSPO there too
+    # GSPO's d s_i / d(mean log-ratio) is s_i up to LOG_RATIO_LINEAR_ABOVE and e^20 past it (the tangent
+    # continuation); scaling each token's exponent by that slope / s_i gives GSPO-token GSPO's gradient there too
     mean_lr = _mean_log_ratio(logprobs, old_logprobs, mask).detach()  # (B,)
-    slope = torch.where(mean_lr <= LOG_RATIO_CLAMP, 1.0, 1 / (1 + (mean_lr - LOG_RATIO_CLAMP))).unsqueeze(1)  # (B, 1)
+    slope = torch.where(mean_lr <= LOG_RATIO_LINEAR_ABOVE, 1.0,
+                        1 / (1 + (mean_lr - LOG_RATIO_LINEAR_ABOVE))).unsqueeze(1)  # (B, 1)
     ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * slope)  # (B, T)
-    per_token = _clipped_surrogate(ratio, advantages, eps_low, eps_high, dual_clip)  # (B, T)
-    loss = aggregate(per_token, mask, agg, max_tokens, denominator)
+    per_token = _clipped_surrogate(ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B, T)
+    loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
 
 
@@ -305,7 +303,7 @@ def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float
         }
 
 
-def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float | None = 0.2,
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None = 0.2,
                agg: str = "token-mean", denominator: float | None = None) -> tuple[Tensor, dict]:
     """Clipped value loss of RLHF-style PPO: 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old).
 

@@ -31,7 +31,7 @@ def _special_ids(tokenizer: PreTrainedTokenizerBase) -> dict:
     )
 
 
-def tiny_dense(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
+def tiny_dense(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
                intermediate_size: int = 384, max_positions: int = 64, seed: int = 0) -> Qwen3ForCausalLM:
     """A small Qwen3 decoder, randomly initialised (about 0.8 M parameters with the defaults).
 
@@ -53,7 +53,7 @@ def tiny_dense(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, num_l
     return Qwen3ForCausalLM._from_config(config, attn_implementation="eager", dtype=torch.float32)
 
 
-def tiny_moe(tokenizer: PreTrainedTokenizerBase, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
+def tiny_moe(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
              num_experts: int = 8, experts_per_token: int = 2, expert_size: int = 128, max_positions: int = 64,
              seed: int = 0) -> Qwen3MoeForCausalLM:
     """A small Qwen3-MoE decoder: every layer's MLP is ``num_experts`` experts with top-``experts_per_token`` routing.

@@ -161,7 +161,7 @@ def replay_routing(model: torch.nn.Module, routes: Routes):
             h.remove()
 
 
-def routing_change_fraction(routes_a: Routes, routes_b: Routes, mask: Tensor | None = None,
+def routing_change_fraction(routes_a: Routes, routes_b: Routes, mask: Tensor | None = None, *,
                             per_layer: bool = False) -> float | list[float]:
     """Share of token-expert choices that differ between two recordings of the same tokens.
 

@@ -47,7 +47,7 @@ def plot_history(history, title: str = "", keys_missing_ok: bool = True):
     return fig
 
 
-def compare_runs(histories: dict, key: str, ylabel: str, title: str = "", ax=None, smooth: int = 1):
+def compare_runs(histories: dict, key: str, ylabel: str, *, title: str = "", ax=None, smooth: int = 1):
     """Overlay one metric of several runs (``{label: History}``); ``smooth`` > 1 applies a trailing moving mean.
 
     Returns:

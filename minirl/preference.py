@@ -68,7 +68,7 @@ def _pair_stats(chosen_rewards: Tensor, rejected_rewards: Tensor) -> dict[str, f
 
 
 def dpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Tensor, ref_rejected_logps: Tensor,
-             beta: float = 0.1, label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, float]]:
+             *, beta: float = 0.1, label_smoothing: float = 0.0) -> tuple[Tensor, dict[str, float]]:
     """Direct Preference Optimisation: logistic regression of the implicit reward margin.
 
     With h = (log pi(y_w) - log ref(y_w)) - (log pi(y_l) - log ref(y_l)) the loss per pair is
@@ -116,7 +116,7 @@ def dpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Ten
 
 
 def ipo_loss(chosen_logps: Tensor, rejected_logps: Tensor, ref_chosen_logps: Tensor, ref_rejected_logps: Tensor,
-             tau: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+             *, tau: float = 0.1) -> tuple[Tensor, dict[str, float]]:
     """Identity Preference Optimisation: regress the log-ratio margin h onto the finite target 1 / (2 tau).
 
     Loss per pair (h - 1/(2 tau))^2 with h as in ``dpo_loss`` (no beta or tau multiplies h), batch mean returned.
@@ -195,7 +195,7 @@ def kto_mismatched_indices(n: int, generator: torch.Generator | int | None = Non
 
 
 def kto_loss(logps: Tensor, ref_logps: Tensor, kl_logps: Tensor, kl_ref_logps: Tensor, desirable: Tensor,
-             beta: float = 0.1, lambda_d: float = 1.0, lambda_u: float = 1.0) -> tuple[Tensor, dict[str, float]]:
+             *, beta: float = 0.1, lambda_d: float = 1.0, lambda_u: float = 1.0) -> tuple[Tensor, dict[str, float]]:
     """Kahneman-Tversky Optimisation: each example alone, judged desirable or not, against a KL baseline z0.
 
     With r = log pi(y|x) - log ref(y|x) and z0 = max(0, mean_i[log pi(y_j|x_i) - log ref(y_j|x_i)]) over
@@ -264,7 +264,7 @@ def kto_loss(logps: Tensor, ref_logps: Tensor, kl_logps: Tensor, kl_ref_logps: T
     return losses.mean(), stats
 
 
-def simpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, beta: float = 2.0, gamma: float = 1.0
+def simpo_loss(chosen_logps: Tensor, rejected_logps: Tensor, *, beta: float = 2.0, gamma: float = 1.0
                ) -> tuple[Tensor, dict[str, float]]:
     """Simple Preference Optimisation: a reference-free margin loss on length-normalised log-probs.
 

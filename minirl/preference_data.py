@@ -17,7 +17,7 @@ from . import rollout, tasks
 
 
 @torch.no_grad()
-def sample_preference_data(model, tokenizer, prompts_data, n_prompts: int, group_size: int, max_new_tokens: int,
+def sample_preference_data(model, tokenizer, prompts_data, *, n_prompts: int, group_size: int, max_new_tokens: int,
                            temperature: float = 1.0, seed: int = 0, prompts_per_batch: int = 64):
     """Preference data from the model's own samples: G completions per prompt, scored by the task's checker.
 
@@ -44,7 +44,7 @@ def sample_preference_data(model, tokenizer, prompts_data, n_prompts: int, group
         torch.manual_seed(seed)
         for i in range(0, len(prompts), prompts_per_batch):
             r = rollout.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
-                                 temperature)
+                                 temperature=temperature)
             completions += r.completions
             truncated += r.truncated.tolist()
             rewards += [tasks.score(c, answers[i + j // group_size]).reward for j, c in enumerate(r.completions)]
@@ -84,7 +84,7 @@ def _check_rollouts(prompts, completions, rewards, group_size: int) -> tuple[lis
 
 
 def build_preference_pairs(prompts: Sequence[str], completions: Sequence[str], rewards: Sequence[float] | Tensor,
-                           group_size: int, threshold: float = 0.5):
+                           group_size: int, *, threshold: float = 0.5):
     """Turn groups of sampled completions with verifiable rewards into (prompt, chosen, rejected) pairs.
 
     Completions come group by group (G = ``group_size`` samples of the same prompt, as ``rollout.generate`` lays
@@ -129,7 +129,7 @@ def build_preference_pairs(prompts: Sequence[str], completions: Sequence[str], r
 
 
 def build_kto_examples(prompts: Sequence[str], completions: Sequence[str], rewards: Sequence[float] | Tensor,
-                       group_size: int, threshold: float = 0.5, only_mixed_groups: bool = False):
+                       group_size: int, *, threshold: float = 0.5, only_mixed_groups: bool = False):
     """Turn sampled completions with verifiable rewards into KTO's unpaired (prompt, completion, label) examples.
 
     Every completion becomes one example, labelled desirable when its reward > ``threshold``. With

@@ -126,7 +126,8 @@ def encode_completions(tokenizer, prompts: Sequence[str], completions: Sequence[
 
 def _completion_logps(model, enc: dict, temperature: float) -> torch.Tensor:
     """(B, T) token log-probs of the encoded completions, zero outside the completion mask."""
-    tok = rollout.token_logprobs(model, enc["input_ids"], enc["attention_mask"], enc["n_prompt_tokens"], temperature)
+    tok = rollout.token_logprobs(model, enc["input_ids"], enc["attention_mask"], enc["n_prompt_tokens"],
+                                 temperature=temperature)
     return tok * enc["completion_mask"]
 
 
@@ -139,7 +140,8 @@ def reference_logps(ref_model, enc: dict, temperature: float = 1.0, reduction: s
     """
     if ref_model.training:
         raise ValueError("ref_model must be in eval mode (call ref_model.eval())")
-    return rollout.sequence_logprobs(_completion_logps(ref_model, enc, temperature), enc["completion_mask"], reduction)
+    return rollout.sequence_logprobs(_completion_logps(ref_model, enc, temperature), enc["completion_mask"],
+                                     reduction=reduction)
 
 
 def kto_reference_pairs(prompts: Sequence[str], completions: Sequence[str], generator=None):
@@ -174,7 +176,7 @@ def preference_pair_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConf
     enc = encode_completions(tokenizer, list(batch["prompt"]) * 2, list(batch["chosen"]) + list(batch["rejected"]),
                              device)
     tok = _completion_logps(model, enc, cfg.temperature)  # (2B, T)
-    logps = rollout.sequence_logprobs(tok, enc["completion_mask"], opts["reduction"])  # (2B,)
+    logps = rollout.sequence_logprobs(tok, enc["completion_mask"], reduction=opts["reduction"])  # (2B,)
     if cfg.method == "simpo":
         loss, stats = pref.simpo_loss(logps[:n], logps[n:], opts["beta"], cfg.gamma)
     else:
@@ -212,11 +214,11 @@ def preference_kto_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConfi
     desirable = torch.tensor(batch["label"], dtype=torch.bool, device=device)  # (B,)
     enc = encode_completions(tokenizer, prompts, completions, device)
     tok = _completion_logps(model, enc, cfg.temperature)  # (B, T)
-    logps = rollout.sequence_logprobs(tok, enc["completion_mask"], opts["reduction"])  # (B,)
+    logps = rollout.sequence_logprobs(tok, enc["completion_mask"], reduction=opts["reduction"])  # (B,)
     kl_enc = encode_completions(tokenizer, *kto_reference_pairs(prompts, completions, generator)[:2], device)
     with torch.no_grad():
         kl_logps = rollout.sequence_logprobs(_completion_logps(model, kl_enc, cfg.temperature),
-                                             kl_enc["completion_mask"], opts["reduction"])  # (B,)
+                                             kl_enc["completion_mask"], reduction=opts["reduction"])  # (B,)
     ref = reference_logps(ref_model, enc, cfg.temperature, opts["reduction"])  # (B,)
     kl_ref = reference_logps(ref_model, kl_enc, cfg.temperature, opts["reduction"])  # (B,)
     loss, stats = pref.kto_loss(logps, ref, kl_logps, kl_ref, desirable, opts["beta"], cfg.lambda_d, cfg.lambda_u)

@@ -24,7 +24,7 @@ def total_order_preferences(k: int = 3) -> Tensor:
     return p + torch.eye(k, dtype=torch.float64) * 0.5
 
 
-def ipo_bandit(method: str, beta: float = 0.1, steps: int = 2000, lr: float = 0.5, preferences: Tensor | None = None,
+def ipo_bandit(method: str, *, beta: float = 0.1, steps: int = 2000, lr: float = 0.5, preferences: Tensor | None = None,
                ref_probs: Tensor | None = None) -> Tensor:
     """Exact full-batch gradient descent of DPO or IPO on a k-armed bandit; returns the policy after each step.
 

@@ -60,7 +60,7 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     return total
 
 
-def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
+def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:
     """DAPO's soft overlong punishment: 0 up to max_len - cache_len, then a linear ramp down to -1 at max_len.
 
     R(|y|) = 0                                   if |y| <= max_len - cache_len

@@ -79,28 +79,35 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress, mininterval=PROGRESS_INTERVAL):
         t0 = time.time()
         # 1-2. rollout and reward: G completions per prompt, scored (dynamic sampling repeats both)
-        batch, scores, gen_stats = collect(model, tokenizer, train_data, cfg, reward_fn, reward_weights, gen)
+        batch, scores, gen_stats = collect(model, tokenizer, train_data, cfg, reward_fn=reward_fn,
+                                           reward_weights=reward_weights, gen=gen)
         old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg)  # (B, T) each
         mask = batch.completion_mask  # (B, T)
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
         kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
         if ref_logprobs is not None:
-            kl_tokens = kl.kl_estimate(old_logprobs, ref_logprobs, cfg.kl_estimator, mask)  # 0 on padding
+            kl_tokens = kl.kl_estimate(old_logprobs, ref_logprobs, estimator=cfg.kl_estimator,
+                                       mask=mask)  # 0 on padding
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
-        advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta, critic)
-        rl_batch = RLBatch(batch.input_ids, batch.attention_mask, mask, loss_mask(batch, cfg), old_logprobs,
-                           advantages, ref_logprobs, old_values, returns, routes, batch.n_prompt_tokens)
+        advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta=beta,
+                                                             critic=critic)
+        rl_batch = RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           n_prompt_tokens=batch.n_prompt_tokens, completion_mask=mask,
+                           loss_mask=loss_mask(batch, cfg), old_logprobs=old_logprobs, advantages=advantages,
+                           ref_logprobs=ref_logprobs, old_values=old_values, returns=returns, routes=routes)
         # 4. optimise: epochs x minibatches (split by groups), one optimiser step each
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
         t_opt = time.time() - t_opt
         # 5. log
-        row = step_metrics(step, stats, scores, total_rewards, batch, kl_tokens, gen_stats, beta, old_values,
-                           returns, time.time() - t0, t_gen, t_opt)
+        row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
+                           gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
+                           seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
         if cfg.adaptive_kl and kl_tokens is not None:
-            beta = adaptive_kl_beta(beta, row["kl_ref_seq"], cfg.target_kl, cfg.kl_horizon, len(rl_batch))
+            beta = adaptive_kl_beta(beta, row["kl_ref_seq"], target_kl=cfg.target_kl, horizon=cfg.kl_horizon,
+                                    n_samples=len(rl_batch))
         row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn))
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
@@ -127,7 +134,7 @@ def make_optimizer(model, critic, cfg: RLConfig) -> torch.optim.Optimizer:
 
 
 # ------------------------------------------------------------------------------------------------ 1-2. rollout, reward
-def collect(model, tokenizer, train_data, cfg: RLConfig, reward_fn, reward_weights, gen: torch.Generator
+def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_weights, gen: torch.Generator
             ) -> tuple[rollout.Rollout, Tensor, dict]:
     """Stages 1-2: prompts_per_step groups of G completions and their (B,) scores, with dynamic sampling
     (DAPO) when switched on: rounds of sampling and scoring until prompts_per_step groups have signal.
@@ -139,7 +146,7 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, reward_fn, reward_weigh
 
     def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
-        r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, cfg.temperature)
+        r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, temperature=cfg.temperature)
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
         s = rewards.score_completions(reward_fn, r.prompts, r.completions, r.columns, reward_weights)  # (B,)
         return s, (r, s)
@@ -173,26 +180,28 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
     old_logprobs, routes = batch.logprobs, None
     if cfg.routing_replay:
         with record_routing(model) as routes:
-            old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P, cfg.temperature)
+            old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
+                                                  temperature=cfg.temperature)
         old_logprobs = zero_outside(old_logprobs, mask)
     ref_logprobs = None
     if ref_model is not None:
         ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
-                                                           cfg.temperature), mask)
+                                                           temperature=cfg.temperature), mask)
     return old_logprobs, ref_logprobs, routes
 
 
 def shape_rewards(scores: Tensor, batch: rollout.Rollout, cfg: RLConfig) -> Tensor:
     """(B,) the reward the advantages see: the scores, plus DAPO's overlong penalty when switched on."""
     if cfg.overlong_shaping:
-        scores = scores + rewards.overlong_penalty(batch.lengths, cfg.max_new_tokens, cfg.overlong_cache_len)
+        scores = scores + rewards.overlong_penalty(batch.lengths, max_len=cfg.max_new_tokens,
+                                                   cache_len=cfg.overlong_cache_len)
     return scores.to(batch.completion_mask.device)
 
 
 # ------------------------------------------------------------------------------------------------ 3. advantages
 @torch.no_grad()
 def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: rollout.Rollout, cfg: RLConfig,
-                       beta: float, critic=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                       *, beta: float, critic=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Stage 3: (advantages, returns, old_values). Advantages are (B,) for an outcome reward, (B, T) when the
     reward has per-token parts (PPO's GAE, or a KL penalty in the reward); returns and old_values (B, T) for
     PPO's critic, else None.
@@ -207,12 +216,12 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
             token_rewards = token_rewards - beta * kl_tokens  # r_t - beta * k(t), detached
         old_values = zero_outside(models.token_values(critic, batch.input_ids, batch.attention_mask,
                                                       batch.n_prompt_tokens), mask)
-        advantages, returns = adv.gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
+        advantages, returns = adv.gae(token_rewards, old_values, mask, gamma=cfg.gamma, lam=cfg.lam)
         return (adv.whiten(advantages, mask) if cfg.whiten_advantages else advantages), returns, old_values
     if kl_in_reward:  # group baseline of the outcome, KL penalties summed to go
-        return adv.group_advantages_to_go(total_rewards, beta * kl_tokens, mask, cfg.group_size, cfg.adv_scale,
-                                          cfg.adv_eps), None, None
-    return adv.group_advantages(total_rewards, cfg.group_size, cfg.adv_scale, cfg.adv_eps), None, None
+        return adv.group_advantages_to_go(total_rewards, beta * kl_tokens, mask, cfg.group_size,
+                                          scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
+    return adv.group_advantages(total_rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
 
 
 def loss_mask(batch: rollout.Rollout, cfg: RLConfig) -> Tensor:
@@ -224,13 +233,15 @@ def loss_mask(batch: rollout.Rollout, cfg: RLConfig) -> Tensor:
 
 
 # ------------------------------------------------------------------------------------------------ 4. optimise
-@dataclass
+@dataclass(kw_only=True)
 class RLBatch:
     """The stage data of one rollout that the update reads, row-aligned: ``batch[rows]`` picks a minibatch or
-    micro-batch of every field at once, recorded routes included. B rows, T completion tokens, P prompt tokens."""
+    micro-batch of every field at once, recorded routes included. B rows, T completion tokens, P prompt tokens.
+    Built by keyword only: two of its masks have the same shape, so a positional mix-up would pass silently."""
 
     input_ids: Tensor  # (B, P + T) prompt + completion
     attention_mask: Tensor  # (B, P + T)
+    n_prompt_tokens: int  # P: the completion starts at column P of input_ids
     completion_mask: Tensor  # (B, T) 1 up to and including EOS
     loss_mask: Tensor  # (B, T) the tokens that count in the loss (completion mask, maybe overlong-filtered)
     old_logprobs: Tensor  # (B, T) pi_old, at the sampling temperature
@@ -239,7 +250,6 @@ class RLBatch:
     old_values: Tensor | None = None  # (B, T) the critic's at rollout time (PPO)
     returns: Tensor | None = None  # (B, T) the critic's regression targets (PPO)
     routes: Routes | None = None  # recorded MoE routing of pi_old's forward (routing replay)
-    n_prompt_tokens: int = 0  # P
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -284,8 +294,9 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
         logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
         pg_loss, st = losses.policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-                                         cfg.eps_low, cfg.eps_high, cfg.level, cfg.agg, cfg.dual_clip,
-                                         cfg.max_new_tokens, denominator)
+                                         eps_low=cfg.eps_low, eps_high=cfg.eps_high, level=cfg.level, agg=cfg.agg,
+                                         dual_clip=cfg.dual_clip, max_tokens=cfg.max_new_tokens,
+                                         denominator=denominator)
         kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
         value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
         loss = pg_loss + beta * kl_loss + value_loss  # the whole objective
@@ -315,33 +326,33 @@ def loss_denominator(mask: Tensor, cfg: RLConfig) -> float:
 def policy_logprobs(model, micro: RLBatch, temperature: float) -> tuple[Tensor, Tensor]:
     """(b, T) log-probs (with grad) and entropies of the micro-batch under the current policy; with recorded
     routes, the MoE experts of pi_old's forward are forced (routing replay)."""
-    args = (model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens, temperature)
+    args = (model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens)
     if micro.routes is None:
-        return rollout.token_logprobs(*args, return_entropy=True)
+        return rollout.token_logprobs(*args, temperature=temperature, return_entropy=True)
     with replay_routing(model, micro.routes):
-        return rollout.token_logprobs(*args, return_entropy=True)
+        return rollout.token_logprobs(*args, temperature=temperature, return_entropy=True)
 
 
 def kl_loss_term(logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: float) -> Tensor:
     """The KL in the loss: the per-token estimate, differentiated, aggregated like the policy loss (by sequence
     under GSPO, whose policy loss has one term per sequence)."""
     agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
-    per_token = kl.kl_in_loss(logprobs, micro.ref_logprobs, cfg.kl_estimator, micro.loss_mask)  # (b, T)
-    return losses.aggregate(per_token, micro.loss_mask, agg, cfg.max_new_tokens, denominator)
+    per_token = kl.kl_in_loss(logprobs, micro.ref_logprobs, estimator=cfg.kl_estimator, mask=micro.loss_mask)  # (b, T)
+    return losses.aggregate(per_token, micro.loss_mask, agg, max_tokens=cfg.max_new_tokens, denominator=denominator)
 
 
 def value_loss_term(critic, micro: RLBatch, cfg: RLConfig, n_tokens: float) -> tuple[Tensor, dict]:
     """PPO's clipped value loss of the micro-batch, divided by the whole minibatch's token count."""
     values = models.token_values(critic, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens)  # (b, T)
-    value_loss, st = losses.value_loss(values, micro.old_values, micro.returns, micro.loss_mask, cfg.value_clip,
-                                       "token-mean", n_tokens)
+    value_loss, st = losses.value_loss(values, micro.old_values, micro.returns, micro.loss_mask, clip=cfg.value_clip,
+                                       agg="token-mean", denominator=n_tokens)
     return value_loss, {**st, "value_loss": float(value_loss.detach())}
 
 
 # ------------------------------------------------------------------------------------------------ 5. log
-def step_metrics(step: int, stats: list[dict], scores: Tensor, total_rewards: Tensor, batch: rollout.Rollout,
-                 kl_tokens: Tensor | None, gen_stats: dict, beta: float, old_values, returns, seconds: float,
-                 t_gen: float, t_opt: float) -> dict:
+def step_metrics(step: int, stats: list[dict], *, scores: Tensor, total_rewards: Tensor, batch: rollout.Rollout,
+                 kl_tokens: Tensor | None, gen_stats: dict, beta: float, old_values: Tensor | None,
+                 returns: Tensor | None, seconds: float, t_gen: float, t_opt: float) -> dict:
     """One History row: the minibatch stats averaged, the rollout's rewards and lengths, KL to the reference
     per token and per sequence (nats), the critic's explained variance (PPO), and the step's timings (s)."""
     mask = batch.completion_mask
@@ -358,7 +369,7 @@ def step_metrics(step: int, stats: list[dict], scores: Tensor, total_rewards: Te
     return row
 
 
-def adaptive_kl_beta(beta: float, observed_kl: float, target_kl: float, horizon: int, n_samples: int) -> float:
+def adaptive_kl_beta(beta: float, observed_kl: float, *, target_kl: float, horizon: int, n_samples: int) -> float:
     """One update of PPO's adaptive KL controller: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon.
 
     Source: Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences"), section 2.2, eq. 2.

@@ -102,7 +102,7 @@ def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask:
 
     The logits at position t predict token t+1; position ids skip the left padding exactly as ``generate`` numbers
     them, so a rollout's distributions are reproduced to float precision. ``token_logprobs`` and
-    ``kl.sequence_kl`` both read this forward.
+    ``evaluation.sequence_kl`` both read this forward.
 
     Args:
         model: a causal LM returning ``.logits`` of shape (B, L, V).
@@ -126,7 +126,7 @@ def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask:
     return out.logits[:, n_prompt_tokens - 1:-1]
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int,
+def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, *,
                    temperature: float = 1.0, return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
 
@@ -161,7 +161,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     return logprobs, entropy
 
 
-def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "sum") -> Tensor:
+def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, *, reduction: str = "sum") -> Tensor:
     """Per-sequence log-probability from per-token log-probs: the masked sum, or the masked mean.
 
     DPO uses the sum (the sequence's log-likelihood); SimPO and TRL's IPO use the mean (length-normalised).
@@ -191,7 +191,7 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, reduction: str = "su
     return total / n
 
 
-def sampling_config(tokenizer, max_new_tokens: int, temperature: float = 1.0, greedy: bool = False
+def sampling_config(tokenizer, max_new_tokens: int, *, temperature: float = 1.0, greedy: bool = False
                     ) -> GenerationConfig:
     """The complete generation config of a rollout: plain sampling from softmax(logits / temperature), or argmax.
 
@@ -232,7 +232,7 @@ def _checkpoint_settings_ignored(model: torch.nn.Module) -> Iterator[None]:
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
-             temperature: float = 1.0, greedy: bool = False, record_routes: bool = False) -> Rollout:
+             *, temperature: float = 1.0, greedy: bool = False, record_routes: bool = False) -> Rollout:
     """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
 
     Sampling is plain ancestral sampling from softmax(logits / temperature): top-k and top-p are switched off,
@@ -269,7 +269,7 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
-    gen_config = sampling_config(tokenizer, max_new_tokens, temperature, greedy)
+    gen_config = sampling_config(tokenizer, max_new_tokens, temperature=temperature, greedy=greedy)
     with _checkpoint_settings_ignored(model):
         out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_config)
     P = prompt_ids.shape[1]
@@ -282,9 +282,10 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         from .moe import record_routing
 
         with record_routing(model) as routes:
-            logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature), mask)  # (B, T)
+            logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature=temperature),
+                                    mask)  # (B, T)
     else:
-        logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature), mask)  # (B, T)
+        logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature=temperature), mask)  # (B, T)
     model.train(was_training)
     return Rollout(
         input_ids=out, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,

@@ -125,8 +125,9 @@ def _kl_probe(probe: dict, model, tokenizer, eval_data, cfg):
 
     def measure(step: int, row: dict) -> None:
         if step % probe["every"] == 0 or step == cfg.steps:
-            m = fresh_sample_kl(model, reference, tokenizer, rows["prompt"], probe["samples"], cfg.max_new_tokens,
-                                cfg.temperature, seed=cfg.seed + 1)
+            m = fresh_sample_kl(model, reference, tokenizer, rows["prompt"], samples_per_prompt=probe["samples"],
+                                max_new_tokens=cfg.max_new_tokens,
+                                temperature=cfg.temperature, seed=cfg.seed + 1)
             row.update(true_kl=m["kl"], true_kl_stderr=m["kl_stderr"], true_kl_per_token=m["kl_per_token"],
                        fresh_entropy=m["entropy"])
     return measure

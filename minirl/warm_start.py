@@ -65,7 +65,7 @@ def sft_batch(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> 
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": label_ids}
 
 
-def sft(model, tokenizer, dataset, steps: int, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
+def sft(model, tokenizer, dataset, steps: int, *, batch_size: int = 64, lr: float = 2e-3, seed: int = 0,
         progress: bool = True, stop: Callable[[int], bool] | None = None) -> list[float]:
     """Supervised fine-tuning on the reference completions (cross-entropy on completion tokens only), with the
     learning rate of ``sft_lr_factor`` (warm-up, then a cosine decay to 0 at ``steps``).
@@ -177,7 +177,8 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
             model = models.load(str(path)).to(profile.device)
             info = json.loads((path / "info.json").read_text())
         else:
-            model, tokenizer, info = _train(profile, spec, steps, sizes, seed, moe, progress, path, cache)
+            model, tokenizer, info = _train(profile, spec, steps=steps, sizes=sizes, seed=seed, moe=moe,
+                                            progress=progress, path=path, cache=cache)
         if "heldout" not in info:  # just trained, or cached before the shared evaluation existed
             info["heldout"] = heldout_evaluation(model, tokenizer, profile)
             if cache:
@@ -185,7 +186,7 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     return model, tokenizer, info
 
 
-def _train(profile: Profile, spec: dict, steps: int, sizes: dict, seed: int, moe: bool, progress: bool, path: Path,
+def _train(profile: Profile, spec: dict, *, steps: int, sizes: dict, seed: int, moe: bool, progress: bool, path: Path,
            cache: bool):
     """Build the tiny model, SFT it until the validation check stops the run, keep the closer checkpoint, save
     (with ``cache``). The caller adds the shared held-out evaluation."""
@@ -213,8 +214,8 @@ def _train(profile: Profile, spec: dict, steps: int, sizes: dict, seed: int, moe
         return accuracy is not None and accuracy >= target
 
     t0 = time.time()
-    curve = sft(model, tokenizer, sft_rows, steps, profile.sft_batch_size, profile.sft_lr, seed, progress,
-                stop=reached_target)
+    curve = sft(model, tokenizer, sft_rows, steps, batch_size=profile.sft_batch_size, lr=profile.sft_lr, seed=seed,
+                progress=progress, stop=reached_target)
     kept = len(curve)
     # a step can move the accuracy by 10 points: keep whichever of the two checks around the target is closer
     if below and checks[-1][2] is not None and checks[-1][2] >= target and \

@@ -46,11 +46,13 @@ def cases(x):
                 for eps_low, eps_high, dual in ((0.2, 0.2, None), (0.2, 0.28, None), (0.1, 0.3, 3.0)):
                     name = f"policy_loss/{level}/{agg}/{adv_name}/{eps_low}-{eps_high}-{dual}"
                     out.append((name, lambda lp, level=level, agg=agg, a=adv_name, el=eps_low, eh=eps_high, d=dual:
-                                losses.policy_loss(lp, x["old"], x[a], x["mask"], el, eh, level, agg, d,
+                                losses.policy_loss(lp, x["old"], x[a], x["mask"], eps_low=el, eps_high=eh,
+                                                   level=level, agg=agg, dual_clip=d,
                                                    max_tokens=8)[0]))
     for est in kl.ESTIMATORS:
-        out.append((f"kl_in_loss/{est}", lambda lp, e=est: (kl.kl_in_loss(lp, x["ref"], e) * x["mask"]).sum()))
-    out.append(("value_loss", lambda lp: losses.value_loss(lp, x["old"], x["ref"], x["mask"], 0.2)[0]))
+        out.append((f"kl_in_loss/{est}", lambda lp, e=est: (kl.kl_in_loss(lp, x["ref"],
+                                                                          estimator=e) * x["mask"]).sum()))
+    out.append(("value_loss", lambda lp: losses.value_loss(lp, x["old"], x["ref"], x["mask"], clip=0.2)[0]))
     return out
 
 
@@ -62,9 +64,9 @@ def compute(seed: int) -> dict:
         value = fn(lp)
         value.backward()
         res[name] = {"value": float(value.detach()), "grad": lp.grad.flatten().tolist()}
-    res["group_advantages/group"] = advantages.group_advantages(x["rewards"], 3, "group").tolist()
-    res["group_advantages/none"] = advantages.group_advantages(x["rewards"], 2, "none").tolist()
-    a, r = advantages.gae(x["adv_tok"], x["values"], x["mask"], 1.0, 0.95)
+    res["group_advantages/group"] = advantages.group_advantages(x["rewards"], 3, scale="group").tolist()
+    res["group_advantages/none"] = advantages.group_advantages(x["rewards"], 2, scale="none").tolist()
+    a, r = advantages.gae(x["adv_tok"], x["values"], x["mask"], gamma=1.0, lam=0.95)
     res["gae"] = [a.flatten().tolist(), r.flatten().tolist()]
     return res
 

@@ -1,9 +1,18 @@
 """The paper index of README.md, generated from the ``Source:`` lines of minirl's docstrings.
 
-For every public function (or class) whose docstring names its source, one row: the paper and the equation or
-section it cites, the minirl function, the first test that calls it, and the first notebook cell that uses it.
-``python tests/paper_index.py`` rewrites the section between the markers in README.md;
-tests/test_paper_index.py fails when the README's section is stale.
+One row per (paper, equation, function): every entry of a ``Source:`` line (entries are separated by ";" or by a
+sentence) is split into the paper it names and the equations or sections it cites, so a function that implements
+three papers' equations has three rows. Rows are sorted by paper, then by equation (numerically). Each function is
+linked to the test that checks it by a marker comment directly above that test:
+
+    # paper-index: losses.aggregate
+    def test_aggregate_docstring_example():
+
+(several functions may share one marker line, separated by spaces), and to the first notebook code cell that uses
+it. ``python tests/paper_index.py`` rewrites the section between the markers in README.md;
+``tests/test_loop_api.py::test_the_readme_paper_index_is_up_to_date`` fails when the README's section is stale, and
+``test_every_indexed_function_has_a_marked_test_that_calls_it`` when a function has no marked test or a marker names a
+test that never mentions its function.
 """
 
 from __future__ import annotations
@@ -16,6 +25,50 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- paper-index:begin -->", "<!-- paper-index:end -->"
+MARKER = re.compile(r"^\s*#\s*paper-index:\s*(.+?)\s*$")
+
+#: The papers the docstrings cite, each as (how the index names it, a pattern that recognises a citation of it).
+#: The first pattern that matches an entry names its paper; an entry that none matches keeps its own text.
+PAPERS = [
+    ("Ahmadian et al. 2024 (RLOO)", r"Ahmadian"),
+    ("Azar et al. 2023 (IPO)", r"Azar"),
+    ("Cover & Thomas, Elements of Information Theory", r"Cover & Thomas"),
+    ("Ethayarajh et al. 2024 (KTO)", r"Ethayarajh"),
+    ("Hu et al. 2025 (REINFORCE++)", r"\bHu et al|REINFORCE\+\+"),
+    ("Huang et al. 2022 (37 implementation details of PPO)", r"Huang et al"),
+    ("Kool et al. 2019 (leave-one-out baseline)", r"Kool"),
+    ("Kullback & Leibler 1951", r"Kullback"),
+    ("Liu et al. 2025 (Dr. GRPO)", r"Liu et al|Dr\. GRPO"),
+    ("Ma et al. 2025 (rollout routing replay, R3)", r"\bMa et al|2510\.11370"),
+    ("Meng, Xia & Chen 2024 (SimPO)", r"Meng"),
+    ("MiniMax 2025 (MiniMax-M1, CISPO)", r"MiniMax|CISPO|2506\.13585"),
+    ("Mitchell 2023 (cDPO)", r"Mitchell"),
+    ("Ouyang et al. 2022 (InstructGPT)", r"Ouyang|InstructGPT"),
+    ("Rafailov et al. 2023 (DPO)", r"Rafailov"),
+    ("SAPO 2025 (soft adaptive policy optimisation)", r"SAPO|2511\.20347"),
+    ("GMPO 2025 (geometric-mean policy optimisation)", r"GMPO|2507\.20673"),
+    ("Schulman 2020 (Approximating KL Divergence)", r"Approximating KL|Schulman \(?2020"),
+    ("Schulman et al. 2016 (GAE)", r"Schulman et al\. 2016|\bGAE\b"),
+    ("Schulman et al. 2017 (PPO)", r"Schulman et al\. 2017|\bPPO\b.*2017"),
+    ("Shao et al. 2024 (DeepSeekMath, GRPO)", r"Shao et al"),
+    ("Sutton et al. 2000 (policy gradient theorem)", r"Sutton"),
+    ("Tang & Munos 2025 (KL gradient estimation)", r"Tang & Munos"),
+    ("TRL 1.16 (source)", r"\bTRL\b"),
+    ("verl (source)", r"\bverl\b"),
+    ("Williams 1992 (REINFORCE)", r"Williams"),
+    ("Ye et al. 2020 (dual-clip PPO)", r"\bYe et al"),
+    ("Yu et al. 2025 (DAPO)", r"Yu et al|\bDAPO\b"),
+    ("Zheng et al. 2025 (GSPO)", r"Zheng et al|\bGSPO\b"),
+    ("Ziegler et al. 2019", r"Ziegler"),
+    ("DeepSeek-R1 (Guo et al. 2025)", r"DeepSeek-R1"),
+]
+
+EQUATION = re.compile(r"\b(?:eqs?\.|equations?|section|algorithm|thm\.|detail|lines?)\s*\d[\d.]*"
+                      r"(?:\s*(?:-|and|,)\s*\d[\d.]*)*", re.I)
+# an entry ends at ";" or at a sentence end: a full stop after a word or number, then a capital (not the initial of
+# "J. Schulman", nor the abbreviations "Dr.", "cf.", "al.", "eq.")
+ENTRY_SPLIT = re.compile(r";\s*|(?<=[a-z0-9)])(?<!\bDr)(?<!\bcf)(?<!\bal)(?<!\beq)\.\s+(?=[A-Z])")
+YEAR = re.compile(r"\b(19|20)\d\d\b")
 
 
 def sources() -> list[tuple[str, str, str]]:
@@ -33,15 +86,44 @@ def sources() -> list[tuple[str, str, str]]:
     return out
 
 
-def first_test(name: str) -> str:
-    """The first test function (file::name) whose body calls ``name(``, or '-'."""
-    call = re.compile(rf"\b{re.escape(name)}\(")
+def entries(text: str) -> list[tuple[str, str]]:
+    """Split one ``Source:`` text into (paper, equations) pairs, one per cited entry.
+
+    The paper is the one of ``PAPERS`` cited first in the entry. An entry that names no known paper is kept with its
+    own text if it cites a year (a source the table does not know yet) and left out otherwise: such entries are
+    notes ("derived again here by enumeration", "see ``expected_gradient``"), not citations.
+
+    Example: "PPO, Schulman et al. 2017, eq. 7; GSPO, Zheng et al. 2025, eq. 5-7 and 13-14." ->
+    [("Schulman et al. 2017 (PPO)", "eq. 7"), ("Zheng et al. 2025 (GSPO)", "eq. 5-7 and 13-14")].
+    """
+    out = []
+    for part in ENTRY_SPLIT.split(text.strip().rstrip(".")):
+        part = part.strip()
+        hits = [(m.start(), name) for name, pattern in PAPERS if (m := re.search(pattern, part))]
+        if hits:
+            paper = min(hits)[1]
+        elif YEAR.search(part):
+            paper = part
+        else:
+            continue
+        equations = ", ".join(m.group(0).rstrip(".,") for m in EQUATION.finditer(part)) or "-"
+        out.append((paper, equations))
+    return out
+
+
+def marked_tests() -> dict[str, list[str]]:
+    """``module.function`` -> the tests (file::name) whose marker comment names it, in file order."""
+    out: dict[str, list[str]] = {}
     for path in sorted((ROOT / "tests").glob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_") and call.search(ast.unparse(node)):
-                return f"{path.name}::{node.name}"
-    return "-"
+        lines = path.read_text().splitlines()
+        for node in ast.parse("\n".join(lines)).body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])  # 1-based
+            m = MARKER.match(lines[first - 2]) if first >= 2 else None
+            for name in (m.group(1).split() if m else []):
+                out.setdefault(name, []).append(f"{path.name}::{node.name}")
+    return out
 
 
 def first_cell(name: str) -> str:
@@ -54,21 +136,28 @@ def first_cell(name: str) -> str:
     return "-"
 
 
-EQUATION = re.compile(r"\b(?:eqs?\.|equations?|section|algorithm|thm\.|detail)\s*[\d.\-]*\d(?:\s*(?:and|-)\s*[\d.]+)?",
-                      re.I)
+def _equation_key(equations: str) -> tuple:
+    """Sort key: equations before sections and algorithms, then numerically ("eq. 3" before "eq. 12")."""
+    kind = 0 if equations.lower().startswith("eq") else 1 if equations != "-" else 2
+    return (kind, [int(n) for n in re.findall(r"\d+", equations)], equations)
+
+
+def rows() -> list[tuple[str, str, str, str, str]]:
+    """(paper, equations, minirl function, test, notebook cell), sorted by paper, then equation, then function."""
+    tests = marked_tests()
+    out = []
+    for module, name, text in sources():
+        test = tests.get(f"{module}.{name}", ["-"])[0]
+        cell = first_cell(name)
+        for paper, equations in entries(text):
+            out.append((paper, equations, f"`{module}.{name}`", f"`{test}`" if test != "-" else "-", cell))
+    unique = sorted(set(out), key=lambda r: (r[0].lower(), _equation_key(r[1]), r[2]))
+    return unique
 
 
 def table() -> str:
-    """The markdown table, sorted by source then function: the first source a docstring names (the others, if
-    any, stay in the docstring), the equations or sections it cites, where it is tested and where it is shown."""
-    rows = []
-    for module, name, text in sources():
-        first = text.rstrip(".").split(";")[0].strip()
-        equations = ", ".join(m.group(0) for m in EQUATION.finditer(first)) or "-"
-        rows.append((first, equations, f"`{module}.{name}`", first_test(name), first_cell(name)))
-    rows.sort(key=lambda r: (r[0].lower(), r[2]))
-    lines = ["| source (as the docstring cites it) | equation | minirl | test | notebook |", "|---|---|---|---|---|"]
-    lines += [f"| {p} | {e} | {f} | `{t}` | {c} |" for p, e, f, t, c in rows]
+    lines = ["| paper | equation | minirl | test | notebook |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(r)} |" for r in rows()]
     return "\n".join(lines)
 
 
@@ -85,4 +174,4 @@ if __name__ == "__main__":
     readme = ROOT / "README.md"
     text = readme.read_text()
     readme.write_text(text.replace(readme_section(text), section()))
-    print(f"wrote {len(sources())} rows into README.md", file=sys.stderr)
+    print(f"wrote {len(rows())} rows ({len(sources())} functions) into README.md", file=sys.stderr)

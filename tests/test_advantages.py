@@ -1,17 +1,19 @@
 """Tests of minirl.advantages.group_advantages: hand-worked values, equal-reward groups, bad input."""
 
+
+from functools import partial
+
+import helpers
 import pytest
 import torch
 
 from minirl.advantages import group_advantages
 
-
-def close(actual, expected, atol=5e-5):
-    """Equal to the 4 decimals the expectations are written with."""
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+close = partial(helpers.close, atol=5e-5)  # the 4 decimals the expectations are written with
 
 
 # --- the issue's example -------------------------------------------------------------------------------------------
+# paper-index: advantages.group_advantages
 def test_one_right_of_four_unbiased_std():
     # mean 0.25; centred [0.75, -0.25, -0.25, -0.25]
     # unbiased var = (0.75^2 + 3 * 0.25^2) / (4 - 1) = (0.5625 + 0.1875) / 3 = 0.25 -> std 0.5; + eps 1e-4 = 0.5001

@@ -5,7 +5,9 @@ Hand arithmetic is written beside every expected value.
 """
 
 import math
+from functools import partial
 
+import helpers
 import pytest
 import torch
 
@@ -20,9 +22,7 @@ def t(*rows):
     return torch.tensor(rows, dtype=D)
 
 
-def close(actual, expected, atol=1e-7):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=D), torch.as_tensor(expected, dtype=D), atol=atol,
-                               rtol=0)
+close = partial(helpers.close, atol=1e-7, dtype=D)
 
 
 # --- the acceptance example of the issue: ratio 1, beta 0, A = [+1, -1], lengths [3, 1] --------------------------
@@ -61,6 +61,7 @@ def test_gradient_weight_of_each_token_under_each_aggregation(mode, weights):
     close(grad, expected)
 
 
+# paper-index: losses.aggregate
 def test_aggregate_docstring_example():
     per_token, mask = t([2, 2, 2, 0], [10, 0, 0, 0]), t([1, 1, 1, 0], [1, 0, 0, 0])
     close(losses.aggregate(per_token, mask, "token-mean"), 4.0)  # (2+2+2+10) / 4 tokens
@@ -80,6 +81,7 @@ def test_sum_norm_defaults_to_T_and_rejects_bad_max_tokens():
 
 
 # --- overlong reward shaping (DAPO eq. 13) and overlong filtering --------------------------------------------------
+# paper-index: rewards.overlong_penalty
 def test_overlong_penalty_acceptance_values():
     # max_len 20, cache 4: the ramp starts after 20 - 4 = 16 tokens: (16 - |y|) / 4 for 16 < |y| <= 20, -1 beyond
     lengths = torch.tensor([15, 16, 17, 18, 19, 20, 21])
@@ -144,6 +146,7 @@ def test_clip_fractions_low_and_high_on_hand_made_ratios():
     close(sym["clip_frac_low"], 1 / 6)
 
 
+# paper-index: losses.policy_loss
 @pytest.mark.parametrize("pi_old, eps_high, ceiling", [
     (0.01, 0.20, 0.012),  # a rare token: 0.01 * 1.2 = 0.012 is as far as one clipped step can push it
     (0.01, 0.28, 0.0128),  # clip-higher: 0.01 * 1.28 = 0.0128
@@ -187,6 +190,7 @@ def trained_rewards(ds, G=4):
     return [payload.view(-1, G)[g].tolist() for payload, groups in ds.picks for g in groups]
 
 
+# paper-index: sampling.has_signal
 def test_has_signal():
     # groups of 2: [0, 1] mixed, [1, 1] all right, [0, 0] all wrong
     assert sampling.has_signal(t(0, 1, 1, 1, 0, 0).flatten(), 2).tolist() == [True, False, False]
@@ -197,6 +201,7 @@ def test_has_signal():
         sampling.has_signal(torch.zeros(2, 4), 4)
 
 
+# paper-index: sampling.dynamic_sampling
 def test_dynamic_sampling_acceptance_example():
     # need 2 groups. Round 1: [1,1,1,1] no, [0,1,0,0] yes, [0,0,0,0] no -> 1 kept, 1 still needed.
     # Round 2: [1,0,1,1] yes (kept, batch full), [1,1,1,1] no, [0,0,1,0] yes but surplus -> dropped.
@@ -243,7 +248,7 @@ def test_dr_grpo_preset_has_both_fixes():
     assert c.adv_scale == "none" and c.agg == "seq-mean-token-sum-norm"
     assert c.beta == 0.0 and c.advantage == "group"
     # no std division: rewards [1, 0, 0, 0] -> minus the mean 0.25 only
-    close(advantages.group_advantages(t(1, 0, 0, 0).flatten(), 4, c.adv_scale), [0.75, -0.25, -0.25, -0.25])
+    close(advantages.group_advantages(t(1, 0, 0, 0).flatten(), 4, scale=c.adv_scale), [0.75, -0.25, -0.25, -0.25])
 
 
 def test_dapo_preset_has_its_four_changes():
@@ -359,8 +364,9 @@ def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tin
         cfg = config.make_config("grpo", agg=mode, beta=beta, max_new_tokens=10, micro_batch_size=micro,
                                  max_grad_norm=1e9, eps_high=0.28)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: read the gradient, leave the weights
-        batch = rl.RLBatch(r.input_ids, r.attention_mask, r.completion_mask, loss_mask, old, adv,
-                           ref if beta > 0 else None, n_prompt_tokens=r.n_prompt_tokens)
+        batch = rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
+                           completion_mask=r.completion_mask, loss_mask=loss_mask, old_logprobs=old, advantages=adv,
+                           ref_logprobs=ref if beta > 0 else None)
         out = rl.update_minibatch(model, opt, batch[rows], cfg, beta=beta)
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         totals.append(out["loss"])
@@ -370,10 +376,11 @@ def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tin
     # and the logged loss is the loss of the whole minibatch computed in one go
     with torch.no_grad():
         logp = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens)
-        full, _ = losses.policy_loss(logp, old, adv, loss_mask, 0.2, 0.28, "token", mode, None, 10)
+        full, _ = losses.policy_loss(logp, old, adv, loss_mask, eps_low=0.2, eps_high=0.28, level="token", agg=mode,
+                                     dual_clip=None, max_tokens=10)
         if beta > 0:
             from minirl import kl
-            full = full + beta * losses.aggregate(kl.kl_in_loss(logp, ref), loss_mask, mode, 10)
+            full = full + beta * losses.aggregate(kl.kl_in_loss(logp, ref), loss_mask, mode, max_tokens=10)
     assert totals[0] == pytest.approx(float(full), abs=1e-6)
 
 

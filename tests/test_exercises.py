@@ -22,25 +22,28 @@ from minirl import advantages, exercises, kl, losses, preference, rewards, rollo
 
 
 def ref_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages_, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(logprobs, old_logprobs, advantages_, mask, eps, agg="seq-mean-token-mean")
-    return pg + beta * losses.aggregate(kl.kl_in_loss(logprobs, ref_logprobs, "k3"), mask, "seq-mean-token-mean")
+    pg, _ = losses.policy_loss(logprobs, old_logprobs, advantages_, mask, eps_low=eps, agg="seq-mean-token-mean")
+    return pg + beta * losses.aggregate(kl.kl_in_loss(logprobs, ref_logprobs, estimator="k3"), mask,
+                                        "seq-mean-token-mean")
 
 
 def ref_kl_reward(scores, logprobs, ref_logprobs, mask, beta):
-    return kl.kl_in_reward(rewards.token_level_rewards(scores, mask), logprobs, ref_logprobs, beta, "k1") * mask
+    return kl.kl_in_reward(rewards.token_level_rewards(scores, mask), logprobs, ref_logprobs, beta=beta,
+                           estimator="k1") * mask
 
 
 def ref_sequence_ratio(logprobs, old_logprobs, mask):
     """GSPO's s_i read from minirl's policy_loss: its stats are per token, so take it from the loss instead."""
     # with A = -1 and a clip range that never binds, the sequence loss of a single row is s_i itself
     return torch.stack([losses.policy_loss(logprobs[i:i + 1], old_logprobs[i:i + 1], -torch.ones(1), mask[i:i + 1],
-                                           0.999, 1e9, level="sequence", agg="seq-mean-token-mean")[0]
+                                           eps_low=0.999, eps_high=1e9, level="sequence", agg="seq-mean-token-mean")[0]
                         if mask[i].sum() > 0
                         else logprobs.new_ones(()) for i in range(len(mask))])
 
 
 def ref_gspo_loss(logprobs, old_logprobs, advantages_, mask, eps_low=3e-4, eps_high=4e-4):
-    return losses.policy_loss(logprobs, old_logprobs, advantages_, mask, eps_low, eps_high, level="sequence",
+    return losses.policy_loss(logprobs, old_logprobs, advantages_, mask, eps_low=eps_low, eps_high=eps_high,
+                              level="sequence",
                               agg="seq-mean-token-mean")
 
 
@@ -51,8 +54,9 @@ def ref_gspo_token_ratio(logprobs, old_logprobs, mask):
 
 
 def ref_simpo_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejected_mask, beta=2.0, gamma=1.0):
-    return preference.simpo_loss(rollout.sequence_logprobs(chosen_logprobs, chosen_mask, "mean"),
-                                 rollout.sequence_logprobs(rejected_logprobs, rejected_mask, "mean"), beta, gamma)
+    return preference.simpo_loss(rollout.sequence_logprobs(chosen_logprobs, chosen_mask, reduction="mean"),
+                                 rollout.sequence_logprobs(rejected_logprobs, rejected_mask,
+                                                           reduction="mean"), beta=beta, gamma=gamma)
 
 
 REFERENCE = {
@@ -109,7 +113,7 @@ def logprobs_off_by_one(model, input_ids, attention_mask, n_prompt_tokens, tempe
 
 
 def logprobs_ignore_temperature(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0):
-    return rollout.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, 1.0)
+    return rollout.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0)
 
 
 def logprobs_without_attention_mask(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0):
@@ -119,7 +123,7 @@ def logprobs_without_attention_mask(model, input_ids, attention_mask, n_prompt_t
 
 def logprobs_no_grad(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0):
     with torch.no_grad():
-        return rollout.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature)
+        return rollout.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature=temperature)
 
 
 # 00 · sequence_logprobs
@@ -168,7 +172,7 @@ def gae_lam_without_gamma(rewards_, values, mask, gamma=1.0, lam=0.95):
 
 
 def gae_returns_reward_to_go(rewards_, values, mask, gamma=1.0, lam=0.95):
-    adv, _ = advantages.gae(rewards_, values, mask, gamma, lam)
+    adv, _ = advantages.gae(rewards_, values, mask, gamma=gamma, lam=lam)
     ret = torch.zeros_like(rewards_)
     running = torch.zeros(len(mask))
     for t in reversed(range(rewards_.shape[1])):
@@ -178,7 +182,7 @@ def gae_returns_reward_to_go(rewards_, values, mask, gamma=1.0, lam=0.95):
 
 
 def gae_values_not_detached(rewards_, values, mask, gamma=1.0, lam=0.95):
-    adv, _ = advantages.gae(rewards_, values.detach(), mask, gamma, lam)
+    adv, _ = advantages.gae(rewards_, values.detach(), mask, gamma=gamma, lam=lam)
     return adv + 0 * values, (adv + values) * mask
 
 
@@ -246,7 +250,7 @@ def value_loss_clip_around_returns(values, old_values, returns, mask, clip=0.2):
 
 
 def value_loss_without_half(values, old_values, returns, mask, clip=0.2):
-    return 2 * losses.value_loss(values, old_values, returns, mask, clip)[0]
+    return 2 * losses.value_loss(values, old_values, returns, mask, clip=clip)[0]
 
 
 # 02 · group_advantages
@@ -288,30 +292,30 @@ def group_adv_nan_on_equal(r, group_size, scale="group", eps=1e-4):
 
 
 def group_adv_none_still_divides(r, group_size, scale="group", eps=1e-4):
-    return advantages.group_advantages(r, group_size, "group", eps)
+    return advantages.group_advantages(r, group_size, scale="group", eps=eps)
 
 
 # 02 · grpo_loss
 
 
 def grpo_token_mean(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps, agg="token-mean")
+    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="token-mean")
     return pg + beta * losses.aggregate(kl.k3(lp, ref.detach()), mask, "token-mean")
 
 
 def grpo_k3_upside_down(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps, agg="seq-mean-token-mean")
+    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="seq-mean-token-mean")
     log_r = lp - ref.detach()
     return pg + beta * losses.aggregate(log_r.exp() - 1 - log_r, mask, "seq-mean-token-mean")
 
 
 def grpo_kl_detached(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps, agg="seq-mean-token-mean")
+    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="seq-mean-token-mean")
     return pg + beta * losses.aggregate(kl.k3(lp, ref).detach(), mask, "seq-mean-token-mean")
 
 
 def grpo_k1_in_loss(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps, agg="seq-mean-token-mean")
+    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="seq-mean-token-mean")
     return pg + beta * losses.aggregate(kl.k1(lp, ref.detach()), mask, "seq-mean-token-mean")
 
 
@@ -343,7 +347,7 @@ def kl_reward_score_on_last_column(scores, lp, ref, mask, beta):
 
 
 def kl_reward_with_k3(scores, lp, ref, mask, beta):
-    return kl.kl_in_reward(rewards.token_level_rewards(scores, mask), lp, ref, beta, "k3") * mask
+    return kl.kl_in_reward(rewards.token_level_rewards(scores, mask), lp, ref, beta=beta, estimator="k3") * mask
 
 
 def kl_reward_not_detached(scores, lp, ref, mask, beta):
@@ -380,17 +384,17 @@ def agg_always_token_mean(x, mask, mode, max_tokens=None):
 def agg_divides_by_T(x, mask, mode, max_tokens=None):
     if mode == "seq-mean-token-mean":
         return (x * mask).mean(-1).mean()
-    return losses.aggregate(x, mask, mode, max_tokens)
+    return losses.aggregate(x, mask, mode, max_tokens=max_tokens)
 
 
 def agg_drgrpo_by_length(x, mask, mode, max_tokens=None):
     if mode == "seq-mean-token-sum-norm":
         mode = "seq-mean-token-mean"
-    return losses.aggregate(x, mask, mode, max_tokens)
+    return losses.aggregate(x, mask, mode, max_tokens=max_tokens)
 
 
 def agg_drgrpo_ignores_max_tokens(x, mask, mode, max_tokens=None):
-    return losses.aggregate(x, mask, mode, None)
+    return losses.aggregate(x, mask, mode, max_tokens=None)
 
 
 def agg_counts_empty_rows(x, mask, mode, max_tokens=None):
@@ -405,7 +409,7 @@ def agg_nan_on_empty_batch(x, mask, mode, max_tokens=None):
     if mode == "token-mean":
         return (x * mask).sum() / mask.sum()
     valid = mask.sum(-1) > 0
-    return losses.aggregate(x, mask, mode, max_tokens) * valid.sum() / valid.sum()
+    return losses.aggregate(x, mask, mode, max_tokens=max_tokens) * valid.sum() / valid.sum()
 
 
 # 04 · overlong_penalty
@@ -416,7 +420,7 @@ def overlong_ramp_late(lengths, max_len, cache_len):
 
 
 def overlong_sign_flipped(lengths, max_len, cache_len):
-    return -rewards.overlong_penalty(lengths, max_len, cache_len)
+    return -rewards.overlong_penalty(lengths, max_len=max_len, cache_len=cache_len)
 
 
 def overlong_not_clamped_beyond(lengths, max_len, cache_len):
@@ -466,7 +470,7 @@ def gspo_broadcast_over_tokens(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
 
 
 def gspo_token_level_ratio(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
-    return losses.policy_loss(lp, old, adv, mask, eps_low, eps_high, agg="seq-mean-token-mean")
+    return losses.policy_loss(lp, old, adv, mask, eps_low=eps_low, eps_high=eps_high, agg="seq-mean-token-mean")
 
 
 def gspo_old_not_detached(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
@@ -537,20 +541,20 @@ def ipo_no_reference(c, r, rc, rr, tau=0.1):
 
 
 def simpo_sum_not_mean(c, cm, r, rm, beta=2.0, gamma=1.0):
-    return preference.simpo_loss((c * cm).sum(-1), (r * rm).sum(-1), beta, gamma)
+    return preference.simpo_loss((c * cm).sum(-1), (r * rm).sum(-1), beta=beta, gamma=gamma)
 
 
 def simpo_mean_over_T(c, cm, r, rm, beta=2.0, gamma=1.0):
-    return preference.simpo_loss((c * cm).mean(-1), (r * rm).mean(-1), beta, gamma)
+    return preference.simpo_loss((c * cm).mean(-1), (r * rm).mean(-1), beta=beta, gamma=gamma)
 
 
 def simpo_gamma_inside_beta(c, cm, r, rm, beta=2.0, gamma=1.0):
-    cs, rs = rollout.sequence_logprobs(c, cm, "mean"), rollout.sequence_logprobs(r, rm, "mean")
+    cs, rs = rollout.sequence_logprobs(c, cm, reduction="mean"), rollout.sequence_logprobs(r, rm, reduction="mean")
     return -F.logsigmoid(beta * (cs - rs - gamma)).mean()
 
 
 def simpo_naive_log_sigmoid(c, cm, r, rm, beta=2.0, gamma=1.0):
-    cs, rs = rollout.sequence_logprobs(c, cm, "mean"), rollout.sequence_logprobs(r, rm, "mean")
+    cs, rs = rollout.sequence_logprobs(c, cm, reduction="mean"), rollout.sequence_logprobs(r, rm, reduction="mean")
     return -torch.log(torch.sigmoid(beta * (cs - rs) - gamma)).mean()
 
 
@@ -724,5 +728,5 @@ def test_check_leaves_the_global_rng_alone():
 def test_dpo_extreme_margin_hand_value():
     # the checker's hand value: beta * h = 0.2 * ((-1000 + 10) - (-10 + 10)) = -198 -> -log sigmoid(-198) = 198
     loss, _ = preference.dpo_loss(torch.tensor([-1000.0]), torch.tensor([-10.0]), torch.tensor([-10.0]),
-                                  torch.tensor([-10.0]), 0.2)
+                                  torch.tensor([-10.0]), beta=0.2)
     assert math.isclose(loss.item(), 198.0, rel_tol=1e-6)

@@ -2,7 +2,9 @@
 transformers MoE (minirl.moe), by hand where possible."""
 
 import math
+from functools import partial
 
+import helpers
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,21 +12,19 @@ from hypothesis import strategies as st
 
 from minirl import config, models, moe, rl, rollout, tasks
 from minirl.losses import policy_loss
-from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
 EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # GSPO's clip ranges (Zheng et al. 2025, section 5.1)
 
 
-def close(actual, expected, atol=5e-9):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=D), torch.as_tensor(expected, dtype=D), atol=atol,
-                               rtol=0)
+close = partial(helpers.close, atol=5e-9, dtype=D)
 
 
 def gspo(lp, old, adv, mask, level, **kw):
     """Loss, gradient with respect to the log-probs, and stats of one GSPO(-token) evaluation."""
     lp = lp.detach().clone().requires_grad_(True)
-    loss, stats = policy_loss(lp, old, adv, mask, EPS_LOW, EPS_HIGH, level=level, agg="seq-mean-token-mean", **kw)
+    loss, stats = policy_loss(lp, old, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, level=level,
+                              agg="seq-mean-token-mean", **kw)
     (grad,) = torch.autograd.grad(loss, lp)
     return loss.detach(), grad, stats
 
@@ -160,8 +160,9 @@ def test_extreme_log_ratios_stay_finite_with_gradients_of_the_right_sign(level, 
     lp = torch.tensor([[1e4, 1e4], [-1e4, -1e4], [1e-3, 0.0]], dtype=dtype)
     for adv, g0 in (([1.0, -1.0, 1.0], 0.0), ([-1.0, 1.0, -1.0], math.exp(20) / 6)):
         lp_ = lp.clone().requires_grad_(True)
-        loss, stats = policy_loss(lp_, old, torch.tensor(adv, dtype=dtype), torch.ones(3, 2, dtype=dtype), EPS_LOW,
-                                  EPS_HIGH, level=level, agg="seq-mean-token-mean")
+        loss, stats = policy_loss(lp_, old, torch.tensor(adv, dtype=dtype), torch.ones(3, 2, dtype=dtype),
+                                  eps_low=EPS_LOW,
+                                  eps_high=EPS_HIGH, level=level, agg="seq-mean-token-mean")
         loss.backward()
         assert torch.isfinite(loss) and torch.isfinite(lp_.grad).all()
         torch.testing.assert_close(lp_.grad[0].double(), torch.tensor([g0, g0], dtype=D), rtol=1e-6, atol=0)
@@ -182,6 +183,7 @@ def routes(*layers):
     return moe.Routes([torch.tensor(x) for x in layers], [torch.zeros(torch.tensor(x).shape[:2]) for x in layers])
 
 
+# paper-index: moe.routing_change_fraction
 def test_routing_change_fraction_by_hand():
     # one layer, B = 1, L = 3 tokens, k = 2 experts each (order within the top-k does not matter):
     # token 0: {0, 1} vs {1, 0} -> 0 changed; token 1: {2, 3} vs {2, 5} -> 1 of 2; token 2: {4, 5} vs {6, 7} -> 2 of 2
@@ -233,9 +235,6 @@ def test_routing_change_fraction_refuses_mismatched_recordings():
 
 
 # --- Routing Replay on the real tiny MoE (Qwen3-MoE from transformers) --------------------------------------------
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -291,6 +290,7 @@ def test_unchanged_weights_reproduce_the_rollout_logprobs(moe_rollout, replay):
     assert float(((lp.detach() - r.logprobs) * r.completion_mask).abs().max()) < 1e-5
 
 
+# paper-index: moe.replay_routing
 def test_replay_forces_the_recorded_experts_after_routing_changed(tok, moe_rollout):
     _, r = moe_rollout
     model = models.tiny_moe(tok, seed=0)  # a fresh copy of the same weights: the fixture's model stays unchanged

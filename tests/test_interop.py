@@ -24,9 +24,8 @@ import datasets  # noqa: E402
 
 from minirl import interop, models, rewards, rl, rollout  # noqa: E402
 from minirl.advantages import group_advantages  # noqa: E402
-from minirl.config import ENGINE_EQUIVALENTS, make_config  # noqa: E402
+from minirl.config import ALGORITHMS, make_config  # noqa: E402
 from minirl.preference_loop import PrefConfig, encode_completions, preference_kto_loss, preference_pair_loss  # noqa: E402
-from minirl.tokenizer import build_tokenizer  # noqa: E402
 
 TOL = 1e-6  # absolute; for a loss above 1 (IPO's ~25), relative: float32 carries ~1e-7 of it in round-off
 G = 4  # completions per prompt
@@ -36,9 +35,6 @@ COMPLETIONS = ["3#3", "1+2=3#3", "1+2=3;3+3=6#6", "9", "12#12", "3+4=7;7+5=12#12
 REWARDS = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])  # scripted: two groups with signal
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +93,9 @@ def run_both(cfg, tok, base_model, batch, tmp_path, steps=3, lr=3e-2, loss_mask=
         ref_lp = rollout.token_logprobs(ref, input_ids, attention_mask, P) * mask
     if old_shift is not None:
         old = old + old_shift
-    advantages = group_advantages(REWARDS, G, cfg.adv_scale)  # (B,), as both compute them (tested below)
-    mb = rl.RLBatch(input_ids, attention_mask, mask, mask, old, advantages, ref_lp if cfg.beta else None,
-                    n_prompt_tokens=P)
+    advantages = group_advantages(REWARDS, G, scale=cfg.adv_scale)  # (B,), as both compute them (tested below)
+    mb = rl.RLBatch(input_ids=input_ids, attention_mask=attention_mask, n_prompt_tokens=P, completion_mask=mask,
+                    loss_mask=mask, old_logprobs=old, advantages=advantages, ref_logprobs=ref_lp if cfg.beta else None)
     inputs = dict(prompt_ids=batch["prompt_ids"], prompt_mask=batch["prompt_mask"],
                   completion_ids=batch["completion_ids"], completion_mask=mask.long(), advantages=advantages,
                   old_per_token_logps=old, num_items_in_batch=mask.sum())
@@ -162,9 +158,9 @@ def test_advantages_match_trl_formula():
     """TRL 1.16 computes (r - group mean) / (unbiased group std + 1e-4) ("group"), (r - mean) alone ("none");
     by hand for the scripted rewards: group [1, 1, 0, 0] has mean 0.5, std sqrt(1/3) = 0.57735, so
     A = +-0.5 / 0.57745 = +-0.865876; minirl's group_advantages gives the same."""
-    a = group_advantages(REWARDS, G, "group")
+    a = group_advantages(REWARDS, G, scale="group")
     assert torch.allclose(a, torch.tensor([1, 1, -1, -1, 1, 1, -1, -1]) * 0.5 / (3 ** -0.5 + 1e-4), atol=1e-6)
-    assert torch.equal(group_advantages(REWARDS, G, "none"), torch.tensor([.5, .5, -.5, -.5, .5, .5, -.5, -.5]))
+    assert torch.equal(group_advantages(REWARDS, G, scale="none"), torch.tensor([.5, .5, -.5, -.5, .5, .5, -.5, -.5]))
 
 
 # ------------------------------------------------------------------------------------------------ conventions
@@ -186,7 +182,7 @@ def test_rows_without_tokens_trl_counts_them(algo, tok, base_model, rollout_batc
     assert max(float((t - 7 / 8 * m).abs().max()) for t, m in zip(g_t, g_m, strict=True)) < TOL
 
 
-def test_log_ratio_clamp(tok, base_model, rollout_batch, tmp_path):
+def test_log_ratio_past_20_nats_is_linear_in_minirl_and_exp_in_trl(tok, base_model, rollout_batch, tmp_path):
     """minirl continues exp linearly above 20 nats (e^20 (1 + x - 20)); TRL 1.16 takes exp as it is. One token of
     row 2 (advantage A = -0.865876, 14 tokens) gets pi_old 25 nats below pi: its loss term is -A * ratio, e^25 in
     TRL and e^20 * (1 + 5) = 6 e^20 in minirl, so TRL's GRPO loss is larger by |A| (e^25 - 6 e^20) / (14 tokens *
@@ -238,7 +234,7 @@ def test_overlong_reward_matches_minirl():
     lengths = list(range(15, 22))
     trl_values = fns[1](completion_ids=[[5] * n for n in lengths])
     assert trl_values == [0.0, 0.0, -0.25, -0.5, -0.75, -1.0, -1.0]
-    assert trl_values == rewards.overlong_penalty(torch.tensor(lengths), 20, 4).tolist()
+    assert trl_values == rewards.overlong_penalty(torch.tensor(lengths), max_len=20, cache_len=4).tolist()
 
 
 # ------------------------------------------------------------------------------------------------ preference
@@ -341,7 +337,7 @@ def test_simpo_matches_trl_cpo(tok, base_model, tmp_path):
                          processing_class=tok)
     enc = encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
     tok_lp = rollout.token_logprobs(policy_t, enc["input_ids"], enc["attention_mask"], enc["n_prompt_tokens"])
-    logps = rollout.sequence_logprobs(tok_lp, enc["completion_mask"], "mean")  # (2B,) the same for both
+    logps = rollout.sequence_logprobs(tok_lp, enc["completion_mask"], reduction="mean")  # (2B,) the same for both
     losses_t, _, _ = trainer.cpo_loss(logps[:2], logps[2:])
     losses_t.mean().backward()
     loss_m, _ = preference_pair_loss(policy_m, None, tok, PAIRS, cfg)
@@ -389,6 +385,7 @@ def test_preference_setting_trl_lacks_raises(cfg, switch):
         interop.to_trl(cfg, output_dir="unused")
 
 
+# paper-index: interop.trl_kwargs
 def test_presets_map_to_the_documented_trl_settings():
     """The five presets TRL runs, with the values of ALGORITHMS (hand-copied from config.py)."""
     g = interop.trl_kwargs(make_config("grpo"))
@@ -404,8 +401,14 @@ def test_presets_map_to_the_documented_trl_settings():
     assert (g["per_device_train_batch_size"], g["steps_per_generation"], g["max_steps"]) == (32, 2, 120)
 
 
-def test_engine_equivalents_are_generated_from_interop():
-    assert ENGINE_EQUIVALENTS == interop.engine_equivalents()
+def test_engine_equivalents_name_every_preset_in_both_engines():
+    """One entry per preset; each is the mapped setting or the engine's refusal (a reason, never a silent gap)."""
+    table = interop.engine_equivalents()
+    assert list(table) == list(ALGORITHMS)
+    for name, row in table.items():
+        assert row["trl"].startswith(("GRPOConfig(", "not in TRL")), (name, row["trl"])
+        assert row["verl"].startswith(("algorithm.adv_estimator=", "not mapped to verl")), (name, row["verl"])
+    assert table["grpo"]["trl"].startswith("GRPOConfig(loss_type='grpo'") and "not in TRL" in table["ppo"]["trl"]
 
 
 #: The option names of verl v0.7.0 that to_verl writes, copied from verl/trainer/config/_generated_ppo_trainer.yaml
@@ -430,6 +433,7 @@ VERL_070_KEYS = {
 }
 
 
+# paper-index: interop.verl_overrides
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token"])
 def test_verl_overrides_use_verl_070_names(algo):
     overrides = interop.verl_overrides(make_config(algo))
@@ -454,3 +458,16 @@ def test_minirl_does_not_import_interop_or_trl():
 
     code = "import sys, minirl; assert 'minirl.interop' not in sys.modules and 'trl' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# paper-index: interop.pref_trl_kwargs
+def test_pref_trl_kwargs_names_the_trainer_and_the_loss_settings():
+    """Each preference method maps to TRL's trainer and the settings that define its loss (TRL itself not imported)."""
+    trainer, kw = interop.pref_trl_kwargs(PrefConfig(method="dpo", beta=0.2))
+    assert (trainer, kw["loss_type"], kw["beta"]) == ("DPOTrainer", ["sigmoid"], 0.2)
+    trainer, kw = interop.pref_trl_kwargs(PrefConfig(method="ipo", tau=0.3, reduction="mean"))
+    assert (trainer, kw["loss_type"], kw["beta"]) == ("DPOTrainer", ["ipo"], 0.3)  # TRL's beta is IPO's tau
+    trainer, kw = interop.pref_trl_kwargs(PrefConfig(method="kto", lambda_d=1.0, lambda_u=1.5))
+    assert (trainer, kw["desirable_weight"], kw["undesirable_weight"]) == ("KTOTrainer", 1.0, 1.5)
+    trainer, kw = interop.pref_trl_kwargs(PrefConfig(method="simpo", gamma=0.5))
+    assert (trainer, kw["loss_type"], kw["simpo_gamma"], kw["cpo_alpha"]) == ("CPOTrainer", "simpo", 0.5, 0.0)

@@ -1,13 +1,15 @@
 """Tests of minirl.kl (k1, k2, k3 and their placement) and of the exact toy minirl.kl_toy."""
 
 import math
+from functools import partial
 
+import helpers
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl import kl, kl_toy
+from minirl import checks, kl, kl_toy
 
 D = torch.float64
 
@@ -16,9 +18,7 @@ def t(*xs):
     return torch.tensor(xs, dtype=D)
 
 
-def close(actual, expected, atol=5e-7):
-    """Equal to the 6 decimals the expectations are written with."""
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+close = partial(helpers.close, atol=5e-7)  # the 6 decimals the expectations are written with
 
 
 # --- the categorical of the issue: pi = softmax([1, 0, -1]) against a uniform reference -------------------------
@@ -34,6 +34,7 @@ TRUE_GRAD = [0.282587, -0.140770, -0.141817]
 FORWARD_GRAD = [0.331908, -0.088605, -0.243303]
 
 
+# paper-index: kl_toy.true_kl
 def test_true_kl_gradient_of_the_issue_example():
     theta = THETA.clone().requires_grad_(True)
     value = kl_toy.true_kl(theta, REF)
@@ -41,11 +42,13 @@ def test_true_kl_gradient_of_the_issue_example():
     close(torch.autograd.grad(value, theta)[0], TRUE_GRAD)
 
 
+# paper-index: kl_toy.forward_kl
 def test_forward_kl_gradient_is_pi_minus_ref():
     theta = THETA.clone().requires_grad_(True)
     close(torch.autograd.grad(kl_toy.forward_kl(theta, REF), theta)[0], FORWARD_GRAD)
 
 
+# paper-index: kl_toy.expected_estimator_value
 def test_expected_values_of_the_estimators():
     close(kl_toy.expected_estimator_value(THETA, REF, "k1"), 0.266217)  # unbiased
     close(kl_toy.expected_estimator_value(THETA, REF, "k3"), 0.266217)  # unbiased
@@ -93,6 +96,7 @@ def test_off_policy_importance_weight_recovers_on_policy_reward_gradient():
     close(unweighted, mu.softmax(-1) - THETA.softmax(-1))  # k1 in the loss off-policy: E_mu[grad log pi] = mu - pi
 
 
+# paper-index: kl_toy.expected_gradient
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(-3, 3), min_size=8, max_size=8))
 def test_placement_table_on_random_categoricals(xs):
@@ -105,6 +109,7 @@ def test_placement_table_on_random_categoricals(xs):
 
 
 # --- single tokens ----------------------------------------------------------------------------------------------
+# paper-index: kl.k1 kl.k2 kl.k3
 def test_single_token_values_and_gradients():
     # l = -1.0 - (-1.2) = 0.2.  k1 = 0.2;  k2 = 0.5 * 0.2^2 = 0.02;  k3 = e^-0.2 - 1 + 0.2 = 0.818731 - 0.8 = 0.0187308
     # d/dlogprob: k1 -> 1;  k2 -> l = 0.2;  k3 -> 1 - e^-0.2 = 0.181269
@@ -130,16 +135,16 @@ def test_extreme_log_ratios_stay_finite():
     logprobs = torch.tensor([[-0.1, -50.1, -0.1, -100.1, -3.0]], requires_grad=True)
     ref = torch.tensor([[-50.1, -0.1, -100.1, -0.1, -3.0]])
     for name in kl.ESTIMATORS:
-        value = kl.kl_estimate(logprobs, ref, name)
+        value = kl.kl_estimate(logprobs, ref, estimator=name)
         grad = torch.autograd.grad(value.sum(), logprobs)[0]
         assert torch.isfinite(value).all() and torch.isfinite(grad).all(), name
-        value = kl.kl_in_loss(logprobs, ref, name)
+        value = kl.kl_in_loss(logprobs, ref, estimator=name)
         assert torch.isfinite(torch.autograd.grad(value.sum(), logprobs)[0]).all(), name
-        assert torch.isfinite(kl.kl_in_reward(torch.zeros(1, 5), logprobs, ref, 0.1, name)).all(), name
+        assert torch.isfinite(kl.kl_in_reward(torch.zeros(1, 5), logprobs, ref, beta=0.1, estimator=name)).all(), name
 
 
 def test_k3_past_the_cap_is_linear_and_exact_below():
-    C = kl.LOG_RATIO_CLAMP
+    C = checks.LOG_RATIO_LINEAR_ABOVE
     assert C == 20.0
     # log r = ref - logprobs = (+50, -50, 19). Above 20, exp is continued by its tangent at 20: e^20 (1 + log r - 20).
     # +50: 31 e^20 - 1 - 50 = 15040121057.70 - 51;  -50: e^-50 - 1 + 50 (exact, exp only underflows below);
@@ -170,7 +175,7 @@ def test_k3_gradient_keeps_the_exact_sign_past_the_cap(diff):
         expected_value, expected_grad = math.exp(log_r) - 1 - log_r, exact_grad
     for dtype in (torch.float64, torch.float32):
         lp = torch.tensor([[diff - 1.0]], dtype=dtype, requires_grad=True)
-        value = kl.kl_in_loss(lp, torch.tensor([[-1.0]], dtype=dtype), "k3")
+        value = kl.kl_in_loss(lp, torch.tensor([[-1.0]], dtype=dtype), estimator="k3")
         (grad,) = torch.autograd.grad(value.sum(), lp)
         assert torch.isfinite(value).all() and torch.isfinite(grad).all()
         assert math.copysign(1, grad.item()) == math.copysign(1, exact_grad), (grad, exact_grad)
@@ -190,18 +195,18 @@ def test_shape_mismatch_names_both_arguments():
         with pytest.raises(ValueError, match="logprobs.*ref_logprobs"):
             fn(torch.zeros(2, 3), torch.zeros(2, 4))
     with pytest.raises(ValueError, match="token_rewards.*logprobs"):
-        kl.kl_in_reward(torch.zeros(2, 4), torch.zeros(2, 3), torch.zeros(2, 3), 0.1)
+        kl.kl_in_reward(torch.zeros(2, 4), torch.zeros(2, 3), torch.zeros(2, 3), beta=0.1)
     with pytest.raises(ValueError, match="logprobs.*ref_logprobs"):
-        kl.kl_in_reward(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 2), 0.1)
+        kl.kl_in_reward(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(3, 2), beta=0.1)
     with pytest.raises(ValueError, match="theta.*ref_logits"):
         kl_toy.expected_gradient(torch.zeros(3), torch.zeros(4), "k1", "loss")
 
 
 def test_unknown_estimator_or_placement_raises():
     with pytest.raises(ValueError, match="k4"):
-        kl.kl_estimate(torch.zeros(1, 2), torch.zeros(1, 2), "k4")
+        kl.kl_estimate(torch.zeros(1, 2), torch.zeros(1, 2), estimator="k4")
     with pytest.raises(ValueError, match="k4"):
-        kl.kl_in_loss(torch.zeros(1, 2), torch.zeros(1, 2), "k4")
+        kl.kl_in_loss(torch.zeros(1, 2), torch.zeros(1, 2), estimator="k4")
     with pytest.raises(ValueError, match="advantage"):
         kl_toy.expected_gradient(torch.zeros(3), torch.zeros(3), "k1", "advantage")
 
@@ -210,7 +215,7 @@ def test_negative_beta_raises():
     with pytest.raises(ValueError, match="beta"):
         kl.kl_in_reward(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), beta=-0.1)
     with pytest.raises(ValueError, match="beta"):
-        kl_toy.bandit_train(t(1.0, 0.0), t(0.0, 0.0), -1.0, "k1", "reward", steps=1, lr=1.0)
+        kl_toy.bandit_train(t(1.0, 0.0), t(0.0, 0.0), beta=-1.0, estimator="k1", placement="reward", steps=1, lr=1.0)
 
 
 # --- placement semantics of the real API ------------------------------------------------------------------------
@@ -225,7 +230,7 @@ def test_kl_in_reward_is_detached_from_logprobs():
 def test_kl_in_loss_detaches_the_reference():
     logprobs = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     ref = torch.tensor([[-1.5, -1.5]], requires_grad=True)
-    kl.kl_in_loss(logprobs, ref, "k3").sum().backward()
+    kl.kl_in_loss(logprobs, ref, estimator="k3").sum().backward()
     assert ref.grad is None
     # d k3 / d logprobs = 1 - e^{ref - lp} = (1 - e^-0.5, 1 - e^0.5) = (0.393469, -0.648721)
     close(logprobs.grad, [[0.393469, -0.648721]])
@@ -242,6 +247,7 @@ def _per_action_grads(theta, ref, estimator, placement, behaviour=None, weight=T
     return torch.stack(rows)
 
 
+# paper-index: kl_toy.sampled_gradient
 @pytest.mark.parametrize("estimator", kl.ESTIMATORS)
 @pytest.mark.parametrize("placement", kl.PLACEMENTS)
 @pytest.mark.parametrize("off_policy", [False, True])
@@ -257,6 +263,7 @@ def test_sampled_gradient_agrees_with_enumeration(estimator, placement, off_poli
     assert ((sampled - exact).abs() <= 5 * stderr + 1e-12).all(), (sampled, exact, stderr)
 
 
+# paper-index: kl.kl_in_loss
 def test_autograd_of_a_sampled_k3_loss_matches_the_forward_kl_gradient():
     # the real API, no toy in between: 200k actions from pi, mean of kl_in_loss(..., "k3"), backward
     gen = torch.Generator().manual_seed(0)
@@ -264,7 +271,7 @@ def test_autograd_of_a_sampled_k3_loss_matches_the_forward_kl_gradient():
     actions = torch.multinomial(THETA.softmax(-1), 200_000, replacement=True, generator=gen)  # (N,)
     logprobs = theta.log_softmax(-1)[actions][None]  # (1, N)
     ref = REF.log_softmax(-1)[actions][None]  # (1, N)
-    kl.kl_in_loss(logprobs, ref, "k3").mean().backward()
+    kl.kl_in_loss(logprobs, ref, estimator="k3").mean().backward()
     expected = kl_toy.expected_gradient(THETA, REF, "k3", "loss")
     close(expected, FORWARD_GRAD)
     # per-sample std of (1 - ref/pi)(onehot - pi) is < 4 here, so 5 sigma < 5 * 4 / sqrt(200000) = 0.045; seen: ~3e-3
@@ -309,6 +316,7 @@ def test_two_token_true_gradient_matches_the_chain_rule():
     close(g[1], e2, atol=1e-12)
 
 
+# paper-index: kl_toy.sequence_kl_gradients
 def test_two_token_which_estimators_give_the_sequence_kl_gradient():
     grads = kl_toy.sequence_kl_gradients(*_two_token_example())
     flat = {name: torch.cat([g1, g2.flatten()]) for name, (g1, g2) in grads.items()}
@@ -334,6 +342,7 @@ R, BETA = t(1.0, 0.0, 0.5), 0.5
 REVERSE_OPT, FORWARD_OPT = [0.665241, 0.090031, 0.244728], [0.647414, 0.132545, 0.220041]
 
 
+# paper-index: kl_toy.bandit_optimum kl_toy.bandit_forward_optimum
 def test_bandit_optima():
     close(kl_toy.bandit_optimum(R, REF, BETA), REVERSE_OPT)
     pi = kl_toy.bandit_forward_optimum(R, REF, BETA)
@@ -353,30 +362,33 @@ def test_bandit_forward_optimum_stays_finite_when_the_best_arm_is_rare_under_ref
     assert (lam - lam[0]).abs().max() < 1e-9  # stationarity holds on every arm
 
 
+# paper-index: kl_toy.bandit_train
 @pytest.mark.parametrize(("estimator", "placement", "optimum"), [
     ("k1", "reward", REVERSE_OPT),  # the unbiased RLHF placement
     ("k2", "loss", REVERSE_OPT),  # also exact
     ("k3", "loss", FORWARD_OPT),  # GRPO's choice: the forward-KL-regularised optimum
 ])
 def test_bandit_converges_to_the_optimum_of_its_true_objective(estimator, placement, optimum):
-    final = kl_toy.bandit_train(R, REF, BETA, estimator, placement, steps=600, lr=2.0)[-1]
+    final = kl_toy.bandit_train(R, REF, beta=BETA, estimator=estimator, placement=placement, steps=600, lr=2.0)[-1]
     assert (final - torch.tensor(optimum, dtype=D)).abs().max() < 1e-3, final
 
 
 def test_k3_in_loss_misses_the_reverse_kl_optimum():
-    final = kl_toy.bandit_train(R, REF, BETA, "k3", "loss", steps=600, lr=2.0)[-1]
+    final = kl_toy.bandit_train(R, REF, beta=BETA, estimator="k3", placement="loss", steps=600, lr=2.0)[-1]
     assert (final - torch.tensor(REVERSE_OPT, dtype=D)).abs().max() > 0.04  # measured 0.0425 on the worst action
 
 
 def test_k1_in_loss_is_no_regulariser_at_all():
-    traj = kl_toy.bandit_train(R, REF, BETA, "k1", "loss", steps=600, lr=2.0)
+    traj = kl_toy.bandit_train(R, REF, beta=BETA, estimator="k1", placement="loss", steps=600, lr=2.0)
     assert traj[-1][0] > 0.99  # collapses onto the best action, as with beta = 0
-    close(traj, kl_toy.bandit_train(R, REF, 0.0, "k1", "loss", steps=600, lr=2.0), atol=1e-12)
+    close(traj, kl_toy.bandit_train(R, REF, beta=0.0, estimator="k1", placement="loss", steps=600, lr=2.0), atol=1e-12)
 
 
 def test_sampled_bandit_is_seeded_and_lands_near_the_optimum():
-    a = kl_toy.bandit_train(R, REF, BETA, "k1", "reward", steps=400, lr=0.5, n_samples=256, seed=3)
-    b = kl_toy.bandit_train(R, REF, BETA, "k1", "reward", steps=400, lr=0.5, n_samples=256, seed=3)
+    a = kl_toy.bandit_train(R, REF, beta=BETA, estimator="k1", placement="reward", steps=400, lr=0.5, n_samples=256,
+                            seed=3)
+    b = kl_toy.bandit_train(R, REF, beta=BETA, estimator="k1", placement="reward", steps=400, lr=0.5, n_samples=256,
+                            seed=3)
     assert torch.equal(a, b)
     mean_tail = a[-100:].mean(0)  # average out the step-to-step noise
     assert (mean_tail - torch.tensor(REVERSE_OPT, dtype=D)).abs().max() < 0.03, mean_tail

@@ -15,6 +15,7 @@ D = torch.float64
 
 
 # --- exact_token_kl: the full-vocabulary KL at one position --------------------------------------------------------
+# paper-index: kl.exact_token_kl
 def test_exact_token_kl_hand_example():
     # pi = [1/2, 1/2], ref = [1/4, 3/4]: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.346574 - 0.202733 = 0.143841
     logits = torch.tensor([0.5, 0.5]).log().view(1, 1, 2)
@@ -96,17 +97,18 @@ def test_enumerated_completions_are_a_distribution():
     torch.testing.assert_close(logp.sum(-1).exp().sum(), torch.tensor(1.0), atol=1e-6, rtol=0)
 
 
+# paper-index: evaluation.sequence_kl
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sequence_kl_averages_to_the_enumerated_sequence_kl(temperature):
     # E_y[sequence_kl(y)] = sum_y pi(y) log(pi(y) / ref(y)) (chain rule), with pi(y) over the 15 sequences
     policy, ref = bigram_pair()
     r = enumerated_rollout()
     m = r.completion_mask
-    logp = rollout.token_logprobs(policy, r.input_ids, r.attention_mask, 1, temperature) * m  # (15, T)
-    ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, 1, temperature) * m
+    logp = rollout.token_logprobs(policy, r.input_ids, r.attention_mask, 1, temperature=temperature) * m  # (15, T)
+    ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, 1, temperature=temperature) * m
     p_seq = logp.sum(-1).exp().detach()  # (15,)
     true_kl = (p_seq * (logp - ref_logp).sum(-1)).sum()
-    seq_kl, entropy = evaluation.sequence_kl(policy, ref, r, temperature)
+    seq_kl, entropy = evaluation.sequence_kl(policy, ref, r, temperature=temperature)
     assert true_kl > 0.05  # a real difference between the two models
     torch.testing.assert_close((p_seq * seq_kl).sum(), true_kl.detach(), atol=1e-5, rtol=0)
     # k1 summed over the row has the same mean (unbiased) but a larger variance (Rao-Blackwell)
@@ -161,21 +163,25 @@ def test_fresh_sample_kl_is_repeatable_and_leaves_the_rng_alone(tiny_pair):
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    a = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    a = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=8, max_new_tokens=4, seed=5)
     assert torch.equal(torch.rand(3), expected_next)  # the training RNG did not move
-    b = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    b = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=8, max_new_tokens=4, seed=5)
     assert a == b and a["n"] == 16 and a["kl"] > 0
-    same = evaluation.fresh_sample_kl(policy, policy, tok, ["1+2=", "4+4="], 8, 4, seed=5)
+    same = evaluation.fresh_sample_kl(policy, policy, tok, ["1+2=", "4+4="], samples_per_prompt=8, max_new_tokens=4,
+                                      seed=5)
     assert abs(same["kl"]) < 1e-5 and same["entropy"] > 0
 
 
 def test_fresh_sample_kl_scores_the_same_samples_when_given_answers(tiny_pair):
     policy, ref, tok = tiny_pair
-    out = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5, answers=["3", "8"])
+    out = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=4, max_new_tokens=4,
+                                     seed=5, answers=["3", "8"])
     assert out["accuracy"] == 0.0  # a random model, 4 tokens: no "#answer" yet
-    assert out["kl"] == evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, seed=5)["kl"]
+    assert out["kl"] == evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=4,
+                                                   max_new_tokens=4, seed=5)["kl"]
     with pytest.raises(ValueError, match="answers"):
-        evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], 4, 4, answers=["3"])
+        evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=4, max_new_tokens=4,
+                                   answers=["3"])
 
 
 # --- the trainer's KL-in-reward construction gives the reverse-KL gradient ---------------------------------------
@@ -215,6 +221,7 @@ def test_k1_in_the_reward_through_group_advantages_to_go_is_the_reverse_kl_gradi
     torch.testing.assert_close(g2, beta * (G - 1) / G * true2, atol=1e-6, rtol=0)
 
 
+# paper-index: advantages.group_advantages_to_go
 def test_group_advantages_to_go_hand_example():
     # scores [1, 0], G = 2, scale "none": task part [0.5, -0.5]
     # penalty-to-go C = [[0.3, 0.2], [0.1, 0.1]], group mean of C_0 = (0.3 + 0.1) / 2 = 0.2

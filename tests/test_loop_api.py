@@ -50,6 +50,7 @@ def _inputs():
     return old, old + log_ratio, mask, torch.tensor([1.0, -1.0], dtype=torch.float64)
 
 
+# paper-index: losses.sequence_ratio
 def test_sequence_ratio_is_the_geometric_mean_by_hand():
     old, new, mask, _ = _inputs()
     # row 0: mean log-ratio (3e-4 - 1e-4 + 1e-4) / 3 = 1e-4; row 1: 6e-4 (one valid token)
@@ -57,37 +58,44 @@ def test_sequence_ratio_is_the_geometric_mean_by_hand():
                                torch.tensor([math.exp(1e-4), math.exp(6e-4)], dtype=torch.float64))
 
 
+# paper-index: losses.gspo_loss
 def test_gspo_loss_by_hand_and_through_the_dispatcher():
     old, new, mask, adv = _inputs()
     # s = [1.00010001, 1.00060018]; seq 0 inside [1 - 3e-4, 1 + 4e-4]: -1 * s0; seq 1 above, but A < 0 keeps the
     # unclipped branch: +s1. Mean over 2 sequences: (-1.00010001 + 1.00060018) / 2 = 0.00025009
-    loss, _ = losses.gspo_loss(new, old, adv, mask, 3e-4, 4e-4)
+    loss, _ = losses.gspo_loss(new, old, adv, mask, eps_low=3e-4, eps_high=4e-4)
     assert loss.item() == pytest.approx((-math.exp(1e-4) + math.exp(6e-4)) / 2, abs=1e-12)
-    via, _ = losses.policy_loss(new, old, adv, mask, 3e-4, 4e-4, level="sequence", agg="seq-mean-token-mean")
+    via, _ = losses.policy_loss(new, old, adv, mask, eps_low=3e-4, eps_high=4e-4, level="sequence",
+                                agg="seq-mean-token-mean")
     assert via.item() == loss.item()
 
 
+# paper-index: losses.gspo_token_loss
 def test_gspo_token_loss_equals_gspo_for_per_sequence_advantages():
     old, new, mask, adv = _inputs()
     grads = []
-    for fn in (lambda x: losses.gspo_loss(x, old, adv, mask, 3e-4, 4e-4)[0],
-               lambda x: losses.gspo_token_loss(x, old, adv.unsqueeze(1).expand(2, 3), mask, 3e-4, 4e-4)[0]):
+    for fn in (lambda x: losses.gspo_loss(x, old, adv, mask, eps_low=3e-4, eps_high=4e-4)[0],
+               lambda x: losses.gspo_token_loss(x, old, adv.unsqueeze(1).expand(2, 3), mask, eps_low=3e-4,
+                                                eps_high=4e-4)[0]):
         x = new.clone().requires_grad_(True)
         fn(x).backward()
         grads.append(x.grad)
     torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=0)
 
 
+# paper-index: losses.token_clip_loss
 def test_token_clip_loss_by_hand():
     # one token, A = +1: on-policy ratio 1 -> loss -1; log-ratio 0.2 -> ratio 1.2214 clipped at 1.2 -> loss -1.2
     old = torch.tensor([[-1.0]])
     for new, expected in ((-1.0, -1.0), (-0.8, -1.2)):
-        loss, _ = losses.token_clip_loss(torch.tensor([[new]]), old, torch.ones(1, 1), torch.ones(1, 1), 0.2, 0.2,
-                                         "token-mean")
+        loss, _ = losses.token_clip_loss(torch.tensor([[new]]), old, torch.ones(1, 1), torch.ones(1, 1), eps_low=0.2,
+                                         eps_high=0.2,
+                                         agg="token-mean")
         assert loss.item() == pytest.approx(expected, abs=1e-6)
 
 
 # --- reward functions in TRL's form ---------------------------------------------------------------------------------
+# paper-index: rewards.score_completions
 def test_score_completions_weights_and_columns_by_hand():
     def exact(prompts, completions, answer, **_):
         return [float(c == a) for c, a in zip(completions, answer, strict=True)]
@@ -113,11 +121,13 @@ def test_a_reward_function_returning_none_is_an_error_naming_it():
         rewards.score_completions([picky], ["p"], ["a"], weights=[1.0, 2.0])
 
 
+# paper-index: tasks.running_sums_reward
 def test_running_sums_reward_is_the_task_score():
     assert tasks.running_sums_reward(["1+2=", "1+2=", "1+2="], ["1+2=3#3", "1+2=3#4", "3"],
                                      answer=["3", "3", "3"]) == [1.0, 0.0, 0.0]
 
 
+# paper-index: rl.train_rl
 def test_a_trl_style_reward_function_trains_one_step():
     # TRL's signature: (prompts, completions, **kwargs) with the dataset's other columns by name
     seen = {}
@@ -166,19 +176,60 @@ def test_the_readme_paper_index_is_up_to_date():
         "README.md's paper index is stale: run `python tests/paper_index.py`")
 
 
+def test_every_indexed_function_has_a_marked_test_that_calls_it():
+    """The index links each function to its test by a ``# paper-index:`` marker, not by whichever test happens to
+    call it first; a marker must name a real function, and the test it sits on must mention that function."""
+    import ast
+    import re
+
+    import paper_index
+
+    indexed = {f"{m}.{n}" for m, n, _ in paper_index.sources()}
+    marked = paper_index.marked_tests()
+    assert indexed - set(marked) == set(), "functions of the paper index without a marked test"
+    assert set(marked) - indexed == set(), "markers naming a function that is not in the index"
+    bodies = {}
+    for path in (ROOT / "tests").glob("test_*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                bodies[f"{path.name}::{node.name}"] = ast.unparse(node)
+    for name, tests in marked.items():
+        short = name.split(".")[1]
+        for test in tests:
+            assert re.search(rf"\b{short}\b", bodies[test]), f"{test} is marked for {name} but never mentions it"
+
+
+def test_the_paper_index_splits_every_cited_equation():
+    """A docstring citing four papers gives four rows; an entry's equations are all kept (no first-entry-only)."""
+    import paper_index
+
+    assert paper_index.entries("PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. "
+                               "2025, eq. 8; GSPO, Zheng et al. 2025, eq. 5-7 and 13-14.") == [
+        ("Schulman et al. 2017 (PPO)", "eq. 7"), ("Shao et al. 2024 (DeepSeekMath, GRPO)", "eq. 3"),
+        ("Yu et al. 2025 (DAPO)", "eq. 8"), ("Zheng et al. 2025 (GSPO)", "eq. 5-7 and 13-14")]
+    rows = paper_index.rows()
+    aggregate = sorted((paper, eq) for paper, eq, fn, _, _ in rows if fn == "`losses.aggregate`")
+    assert aggregate == [("Liu et al. 2025 (Dr. GRPO)", "eq. 2"), ("Shao et al. 2024 (DeepSeekMath, GRPO)", "eq. 3"),
+                         ("Yu et al. 2025 (DAPO)", "eq. 12")]
+    papers = [r[0].lower() for r in rows]
+    assert papers == sorted(papers), "rows are sorted by paper"
+
+
+# paper-index: rl.compute_advantages
 def test_compute_advantages_takes_the_group_path_or_the_kl_to_go_path():
     from types import SimpleNamespace
 
     batch = SimpleNamespace(completion_mask=torch.ones(4, 2))
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("grpo", group_size=2), 0.04)
+    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("grpo", group_size=2),
+                                                 beta=0.04)
     # group 0: [1, 0] - 0.5 = [0.5, -0.5], unbiased std 0.7071 + 1e-4; group 1 all equal: exactly 0
     torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0, 0]) / torch.tensor([0.70721, 0.70721, 1, 1]))
     assert returns is None and values is None
     # KL in the reward (beta 0.5): penalties-to-go, centred by the group mean of the first token's (no std)
     cfg = config.make_config("grpo", group_size=2, kl_placement="reward", kl_estimator="k1", beta=0.5)
     kl_tokens = torch.tensor([[0.2, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
-    adv, _, _ = rl.compute_advantages(scores, kl_tokens, batch, cfg, 0.5)
+    adv, _, _ = rl.compute_advantages(scores, kl_tokens, batch, cfg, beta=0.5)
     # row 0: C = [0.1, 0], group mean of C_0 = 0.05: A = 0.70700 - [0.05, -0.05]; row 1: -0.70700 + 0.05
     a = 0.5 / 0.70721
     torch.testing.assert_close(adv[:2], torch.tensor([[a - 0.05, a + 0.05], [-a + 0.05, -a + 0.05]]), atol=1e-5,

@@ -1,7 +1,9 @@
 """Tests of minirl.losses: aggregation modes and the token-level clipped policy loss, by hand."""
 
 import math
+from functools import partial
 
+import helpers
 import pytest
 import torch
 
@@ -15,10 +17,7 @@ def t(rows):
     return torch.tensor(rows, dtype=D)
 
 
-def close(actual, expected, atol=5e-7):
-    """Equal to the 6 decimals the expectations are written with."""
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=D), torch.as_tensor(expected, dtype=D), atol=atol,
-                               rtol=0)
+close = partial(helpers.close, atol=5e-7, dtype=D)  # the 6 decimals the expectations are written with
 
 
 # --- aggregate -----------------------------------------------------------------------------------------------------

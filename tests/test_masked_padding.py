@@ -3,11 +3,14 @@ entries alone, and finite gradients, when the padding holds inf, -inf or NaN in 
 
 (x * mask) would turn an inf there into NaN (inf * 0); a pad token's log-prob of -inf is legitimate. Each test
 fills EVERY masked position of EVERY float argument with the garbage value and checks the value computed by hand
+
 from the valid entries, and that the gradient is finite and 0 on the padding.
 """
 
 import math
+from functools import partial
 
+import helpers
 import pytest
 import torch
 
@@ -27,10 +30,7 @@ def fill(valid_rows, garbage, mask=MASK, grad=False):
     return x.requires_grad_(grad)
 
 
-def close(actual, expected, atol=5e-7):
-    """Equal to the 6 decimals the expectations are written with."""
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=D), torch.as_tensor(expected, dtype=D), atol=atol,
-                               rtol=0)
+close = partial(helpers.close, atol=5e-7, dtype=D)  # the 6 decimals the expectations are written with
 
 
 def finite_and_zero_on_padding(grad, mask=MASK):
@@ -120,15 +120,17 @@ def test_policy_loss_at_each_level(garbage, level, agg, per_token_advantages, ex
 def test_the_three_level_functions_and_sequence_ratio(garbage):
     lp, old, adv = policy_inputs(garbage, per_token_advantages=True)
     mask = MASK
-    loss, _ = losses.token_clip_loss(lp, old, adv, mask, 0.2, 0.2, "token-mean", 3.0)
+    loss, _ = losses.token_clip_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.2, agg="token-mean", dual_clip=3.0)
     (g,) = torch.autograd.grad(loss, lp)
     close(loss, TOKEN_LOSS)
     close(g, TOKEN_GRAD)
-    loss, _ = losses.gspo_token_loss(lp, old, adv, mask, 0.2, 0.2, "seq-mean-token-mean", 3.0)
+    loss, _ = losses.gspo_token_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
+                                     dual_clip=3.0)
     (g,) = torch.autograd.grad(loss, lp)
     close(loss, SEQ_LOSS)
     close(g, SEQ_GRAD)
-    loss, _ = losses.gspo_loss(lp, old, torch.tensor([1.0, -1.0, garbage], dtype=D), mask, 0.2, 0.2, 3.0)
+    loss, _ = losses.gspo_loss(lp, old, torch.tensor([1.0, -1.0, garbage], dtype=D), mask, eps_low=0.2, eps_high=0.2,
+                               dual_clip=3.0)
     (g,) = torch.autograd.grad(loss, lp)
     close(loss, SEQ_LOSS)
     close(g, SEQ_GRAD)
@@ -177,9 +179,9 @@ def test_kl_with_a_mask(garbage, estimator):
     value, grad = KL_CASES[estimator]
     lp = fill([[-1.0, -2.0, None], [-0.5, None, None], [None, None, None]], garbage, grad=True)
     ref = fill([[-1.5, -2.0, None], [-1.0, None, None], [None, None, None]], -garbage)  # the other sign
-    est = kl.kl_estimate(lp, ref, estimator, mask=MASK)
+    est = kl.kl_estimate(lp, ref, estimator=estimator, mask=MASK)
     close(est, pad(value))
-    in_loss = kl.kl_in_loss(lp, ref, estimator, mask=MASK)
+    in_loss = kl.kl_in_loss(lp, ref, estimator=estimator, mask=MASK)
     close(in_loss, pad(value))
     total = losses.aggregate(in_loss, MASK, "token-mean")  # what the loop adds to the loss
     (g,) = torch.autograd.grad(total, lp)
@@ -187,7 +189,7 @@ def test_kl_with_a_mask(garbage, estimator):
     finite_and_zero_on_padding(g)
     # in the reward: r_t - beta * k, beta 0.1, on zero rewards that hold garbage on the padding too
     token_rewards = fill([[0.0, 0.0, None], [0.0, None, None], [None, None, None]], garbage)
-    shaped = kl.kl_in_reward(token_rewards, lp, ref, 0.1, estimator, mask=MASK)
+    shaped = kl.kl_in_reward(token_rewards, lp, ref, beta=0.1, estimator=estimator, mask=MASK)
     close(torch.where(MASK > 0, shaped, 0.0), [[-0.1 * x for x in row] for row in pad(value)])
 
 
@@ -233,6 +235,7 @@ def test_group_advantages_to_go(garbage):
     finite_and_zero_on_padding(g, mask)
 
 
+# paper-index: advantages.explained_variance
 @pytest.mark.parametrize("garbage", GARBAGE)
 def test_explained_variance(garbage):
     # valid returns [1, 0, 1, 0], values 0.5: Var(r - v) = Var(r) -> 1 - 1 = 0.0; values = returns -> 1.0
@@ -256,11 +259,11 @@ def test_sequence_logprobs(garbage):
     # sums [-1 - 2, -0.5] = [-3, -0.5], means [-1.5, -0.5]; gradient 1 (sum) or 1 / |y| (mean) on valid tokens
     mask = MASK[:2]
     lp = fill([[-1.0, -2.0, None], [-0.5, None, None]], garbage, mask=mask, grad=True)
-    s = rollout.sequence_logprobs(lp, mask, "sum")
+    s = rollout.sequence_logprobs(lp, mask, reduction="sum")
     close(s, [-3.0, -0.5])
     (g,) = torch.autograd.grad(s.sum(), lp)
     close(g, [[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    m = rollout.sequence_logprobs(lp, mask, "mean")
+    m = rollout.sequence_logprobs(lp, mask, reduction="mean")
     close(m, [-1.5, -0.5])
     (g,) = torch.autograd.grad(m.sum(), lp)
     close(g, [[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])

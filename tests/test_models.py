@@ -4,12 +4,6 @@ import pytest
 import torch
 
 from minirl import models
-from minirl.tokenizer import build_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def test_default_sizes_are_in_the_advertised_range(tok):

@@ -3,7 +3,9 @@ last token, k1 KL penalty on every token), the adaptive KL controller, and a sho
 
 import copy
 import math
+from functools import partial
 
+import helpers
 import pytest
 import torch
 from hypothesis import given, settings
@@ -19,8 +21,7 @@ def t(*rows):
     return torch.tensor(rows, dtype=D)
 
 
-def close(actual, expected, atol=5e-7):
-    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), atol=atol, rtol=0)
+close = partial(helpers.close, atol=5e-7)
 
 
 # ------------------------------------------------------------------------------------------------------ GAE
@@ -32,6 +33,7 @@ ADV = [0.46575, 0.385, 0.3]
 RET = [0.96575, 0.985, 1.0]
 
 
+# paper-index: advantages.gae
 def test_gae_issue_example_full_mask():
     a, r = advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=1.0, lam=0.95)
     close(a, [ADV])
@@ -112,10 +114,10 @@ def test_gae_does_not_backpropagate_into_the_critic():
 def test_gae_padding_never_changes_the_valid_prefix(n_valid, n_pad, gamma, lam, seed):
     g = torch.Generator().manual_seed(seed)
     r, v = torch.randn(1, n_valid, generator=g, dtype=D), torch.randn(1, n_valid, generator=g, dtype=D)
-    a_short, ret_short = advantages.gae(r, v, torch.ones_like(r), gamma, lam)
+    a_short, ret_short = advantages.gae(r, v, torch.ones_like(r), gamma=gamma, lam=lam)
     junk = 100 * torch.randn(1, n_pad, generator=g, dtype=D)
     mask = torch.cat([torch.ones_like(r), torch.zeros_like(junk)], 1)
-    a_long, ret_long = advantages.gae(torch.cat([r, junk], 1), torch.cat([v, -junk], 1), mask, gamma, lam)
+    a_long, ret_long = advantages.gae(torch.cat([r, junk], 1), torch.cat([v, -junk], 1), mask, gamma=gamma, lam=lam)
     close(a_long[:, :n_valid], a_short, atol=1e-10)
     close(ret_long[:, :n_valid], ret_short, atol=1e-10)
     assert (a_long[:, n_valid:] == 0).all() and (ret_long[:, n_valid:] == 0).all()
@@ -135,6 +137,7 @@ def test_gae_bad_inputs_raise_naming_the_argument():
 
 
 # ------------------------------------------------------------------------------------------------------ whiten
+# paper-index: advantages.whiten
 def test_whiten_hand_example_ignores_padding():
     # valid x = [1, 3, 5]: mean 3, unbiased var (4 + 0 + 4) / 2 = 4, std 2 -> [-1, 0, 1]; padding -> 0
     x, mask = t([1, 3, 50.0], [5, -80.0, 9.0]), t([1, 1, 0], [1, 0, 0])
@@ -165,6 +168,7 @@ def test_whiten_degenerate_masks():
 
 
 # ------------------------------------------------------------------------------------------------------ value loss
+# paper-index: losses.value_loss
 def test_value_loss_clipped_branch_is_larger_and_has_zero_gradient():
     # V_old 0.5, V 1.0 (moved +0.5), R 0.9, clip 0.2: unclipped (1.0 - 0.9)^2 = 0.01;
     # V_clip = 0.5 + 0.2 = 0.7, clipped (0.7 - 0.9)^2 = 0.04 > 0.01 -> loss 0.5 * 0.04 = 0.02.
@@ -229,6 +233,7 @@ def test_token_level_rewards_put_the_score_on_the_last_valid_token():
         rewards.token_level_rewards(scores, torch.ones(3))
 
 
+# paper-index: kl.kl_in_reward
 def test_kl_in_reward_shapes_every_token_with_detached_k1():
     # k1 = logprobs - ref = [-1 + 1.5, -2 + 1, -0.5 + 0.5] = [0.5, -1, 0]; beta 0.1
     # shaped = [0, 0, 1] - 0.1 * [0.5, -1, 0] = [-0.05, 0.1, 1.0]
@@ -237,7 +242,7 @@ def test_kl_in_reward_shapes_every_token_with_detached_k1():
     close(shaped, [[-0.05, 0.1, 1.0]])
     assert not shaped.requires_grad  # a reward: reaches the policy only through the advantages
     # through GAE (gamma 1, lam 1, critic 0) each token's advantage is its reward-to-go: later penalties only
-    a, _ = advantages.gae(shaped, torch.zeros_like(shaped), torch.ones_like(shaped), 1.0, 1.0)
+    a, _ = advantages.gae(shaped, torch.zeros_like(shaped), torch.ones_like(shaped), gamma=1.0, lam=1.0)
     close(a, [[1.05, 1.1, 1.0]])
     with pytest.raises(ValueError, match="beta"):
         kl.kl_in_reward(t([0, 0, 1.0]), logprobs, t([-1.5, -1.0, -0.5]), beta=-0.1)
@@ -246,6 +251,7 @@ def test_kl_in_reward_shapes_every_token_with_detached_k1():
 
 
 # ------------------------------------------------------------------------------------------------------ adaptive KL
+# paper-index: rl.adaptive_kl_beta
 @pytest.mark.parametrize("observed, expected", [
     (0.10, 0.1 * (1 + 0.2 * 64 / 1000)),   # KL twice the target: error 1 clipped to +0.2 -> 0.10128
     (0.055, 0.1 * (1 + 0.1 * 64 / 1000)),  # 10% over: error 0.1 -> 0.10064

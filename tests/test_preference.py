@@ -48,6 +48,7 @@ def test_dpo_is_ln2_when_policy_equals_reference(logps, rej, beta, eps):
     assert stats["accuracy"] == 0.0  # margin 0 is not > 0
 
 
+# paper-index: preference.dpo_loss
 def test_dpo_hand_value_and_cdpo():
     # chosen log-ratio -1 - (-2) = +1, rejected log-ratio -3 - (-2) = -1 -> h = 2, beta * h = 0.2
     # DPO: ln(1 + e^-0.2) = ln(1.818731) = 0.598139
@@ -125,6 +126,7 @@ def _ipo_acceptance_batch():
     return pol, ref, mask
 
 
+# paper-index: preference.ipo_loss
 @pytest.mark.parametrize("reduction, expected", [
     # sums: chosen -6 vs ref -6.5 -> +0.5; rejected -4 vs ref -3.5 -> -0.5; h = 1; (1 - 1/(2*0.1))^2 = (1-5)^2 = 16
     ("sum", 16.0),
@@ -183,6 +185,7 @@ def test_ipo_is_zero_at_its_target_margin():
 # ---------------------------------------------------------------------------------------------------------- KTO
 
 
+# paper-index: preference.kto_mismatched_indices
 def test_kto_mismatched_indices_never_pair_an_example_with_itself():
     idx = kto_mismatched_indices(3)
     assert idx.tolist() == [1, 2, 0]  # shift by one: 0 -> 1, 1 -> 2, 2 -> 0
@@ -205,6 +208,7 @@ def test_kto_mismatched_indices_rejects_small_n(n):
         kto_mismatched_indices(n)
 
 
+# paper-index: preference.kto_loss
 def test_kto_hand_value_two_examples():
     # r = logps - ref = [-1 - (-2), -3 - (-2)] = [1, -1]
     # z0 = max(0, mean([-2 - (-2.5), -2.5 - (-2.5)])) = max(0, (0.5 + 0) / 2) = 0.25
@@ -257,6 +261,7 @@ def test_kto_one_class_batch_has_finite_stats():
 # ---------------------------------------------------------------------------------------------------------- SimPO
 
 
+# paper-index: preference.simpo_loss
 def test_simpo_hand_values():
     # beta = 2, gamma = 1 (absolute margin, not divided by beta)
     # pair 1: 2 * (-0.2 - (-1.2)) - 1 = 1 -> ln(1 + e^-1) = 0.313262
@@ -336,6 +341,7 @@ def test_bandit_dpo_drives_the_never_winning_action_to_zero_for_any_beta(beta):
     assert (p_last[1:] < p_last[:-1]).all()  # still falling at every step: no finite optimum
 
 
+# paper-index: preference_toy.ipo_bandit
 @pytest.mark.parametrize("tau", [0.1, 0.5, 1.0])
 def test_bandit_ipo_converges_to_its_regularised_optimum(tau):
     # optimum: theta_0 - theta_1 = theta_1 - theta_2 = 1/(3 tau) (minimise (u-c)^2 + (v-c)^2 + (u+v-c)^2, c = 1/(2tau))

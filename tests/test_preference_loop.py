@@ -16,7 +16,6 @@ from datasets import Dataset
 from minirl import models, preference_data, rollout
 from minirl import preference as pref
 from minirl import preference_loop as loop
-from minirl.tokenizer import build_tokenizer
 
 PAIRS = {
     "prompt": ["3+4=", "9+9+1=", "2+5+6=", "8+1="],
@@ -25,9 +24,6 @@ PAIRS = {
 }
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def tiny(tok, seed=0):
@@ -95,6 +91,7 @@ def test_encode_completions_rejects_bad_input(tok):
 # ---------------------------------------------------------------------------------------------- first step values
 
 
+# paper-index: preference_loop.train_preference
 @pytest.mark.parametrize("method,expected", [("dpo", math.log(2)), ("ipo", 25.0), ("kto", 0.5)])
 def test_first_step_loss_with_reference_equal_to_policy(tok, pairs, method, expected):
     # dpo: -log sigmoid(0) = ln 2 = 0.693147; ipo tau 0.1: (0 - 5)^2 = 25; kto: 1 - sigmoid(0) = 0.5
@@ -116,12 +113,14 @@ def test_simpo_first_step_matches_hand_computation(tok, pairs):
     model = tiny(tok)
     enc = loop.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
     with torch.no_grad():
-        mean = rollout.sequence_logprobs(loop._completion_logps(model, enc, 1.0), enc["completion_mask"], "mean")
+        mean = rollout.sequence_logprobs(loop._completion_logps(model, enc, 1.0), enc["completion_mask"],
+                                         reduction="mean")
     expected = -torch.nn.functional.logsigmoid(2.0 * (mean[:4] - mean[4:]) - 1.0).mean()  # beta 2, gamma 1
     h = loop.train_preference(model, tok, pairs, cfg("simpo"))
     assert h.rows[0]["loss"] == pytest.approx(expected.item(), abs=1e-5)
 
 
+# paper-index: preference_loop.preference_pair_loss
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 def test_ipo_reduction_is_the_one_asked_for(tok, pairs, reduction):
     # ref = a different model, so h != 0 and the reduction matters
@@ -129,7 +128,8 @@ def test_ipo_reduction_is_the_one_asked_for(tok, pairs, reduction):
     c = cfg("ipo", reduction=reduction)
     enc = loop.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
     with torch.no_grad():
-        pol = rollout.sequence_logprobs(loop._completion_logps(model, enc, 1.0), enc["completion_mask"], reduction)
+        pol = rollout.sequence_logprobs(loop._completion_logps(model, enc, 1.0), enc["completion_mask"],
+                                        reduction=reduction)
     refl = loop.reference_logps(ref, enc, 1.0, reduction)
     expected, _ = pref.ipo_loss(pol[:4], pol[4:], refl[:4], refl[4:], tau=0.1)
     loss, _ = loop.preference_pair_loss(model, ref, tok, PAIRS, c)
@@ -233,6 +233,7 @@ def test_kto_loop_pairs_no_example_with_itself(tok, pairs, monkeypatch):
     assert all(r["z0"] >= 0 for r in h.rows)  # clamped
 
 
+# paper-index: preference_loop.preference_kto_loss
 def test_kto_z0_is_mismatched_log_ratio_clamped_and_detached(tok, pairs):
     model, ref = tiny(tok, seed=0), tiny(tok, seed=1).eval()
     c = cfg("kto", batch_size=8)
@@ -324,9 +325,11 @@ def test_sample_preference_data_pairs_follow_the_score(tok, monkeypatch):
     monkeypatch.setattr(tasks, "score", lambda c, a: tasks.Score(float(len(c) % 2 == 0), True, len(c) % 2 == 0))
     data = Dataset.from_dict({"prompt": ["1+2=", "3+4=", "5+6=", "7+8+9="], "answer": ["3", "7", "11", "24"]})
     state = torch.get_rng_state()
-    pairs, examples, info = preference_data.sample_preference_data(tiny(tok), tok, data, 3, 6, 10, seed=1)
+    pairs, examples, info = preference_data.sample_preference_data(tiny(tok), tok, data, n_prompts=3, group_size=6,
+                                                                   max_new_tokens=10, seed=1)
     assert torch.equal(torch.get_rng_state(), state)  # the global RNG is left as it was
-    again, _, _ = preference_data.sample_preference_data(tiny(tok), tok, data, 3, 6, 10, seed=1)
+    again, _, _ = preference_data.sample_preference_data(tiny(tok), tok, data, n_prompts=3, group_size=6,
+                                                         max_new_tokens=10, seed=1)
     assert pairs[:] == again[:]
     assert info["samples"] == 18 and len(examples) == 18 and info["pairs"] == len(pairs) > 0
     assert all(len(c) % 2 == 0 and len(r) % 2 == 1 for c, r in zip(pairs["chosen"], pairs["rejected"], strict=True))

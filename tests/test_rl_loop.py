@@ -13,15 +13,11 @@ import pytest
 import torch
 
 from minirl import config, evaluation, history, losses, models, rl, rollout, tasks, warm_start
-from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"time", "time_generate", "time_optimise"}
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def tiny_model(tok, seed=0):
@@ -181,8 +177,9 @@ def test_two_accumulation_steps_give_the_same_gradient_as_one(tok, algo, beta):
     for micro in (None, 4):  # one pass of 8 rows; two accumulation steps of 4 rows
         cfg = config.make_config(algo, beta=beta, micro_batch_size=micro, max_grad_norm=1e9, temperature=1.0)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay put, the gradients stay readable
-        mb = rl.RLBatch(batch.input_ids, batch.attention_mask, batch.completion_mask, loss_mask, old, adv,
-                        ref if beta > 0 else None, n_prompt_tokens=batch.n_prompt_tokens)
+        mb = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
+                        loss_mask=loss_mask, old_logprobs=old, advantages=adv, ref_logprobs=ref if beta > 0 else None)
         out = rl.update_minibatch(model, opt, mb[rows], cfg, beta=beta)
         grads.append([p.grad.clone() for p in model.parameters()])
         losses_.append(out["loss"])

@@ -1,8 +1,10 @@
 """Tests of minirl.rollout: completion masks, token log-probs at the sampling temperature, generate, concat."""
 
 import copy
+from functools import partial
 from types import SimpleNamespace
 
+import helpers
 import pytest
 import torch
 from transformers import GenerationConfig
@@ -10,10 +12,7 @@ from transformers import GenerationConfig
 from minirl import models, rollout
 from minirl.tokenizer import build_tokenizer
 
-
-def close(actual, expected, atol=5e-7):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64), atol=atol, rtol=0)
+close = partial(helpers.close, atol=5e-7, dtype=torch.float64)
 
 
 # --- completion_mask -----------------------------------------------------------------------------------------------
@@ -125,12 +124,12 @@ def test_sequence_logprobs():
     lp = torch.tensor([[-1.0, -2.0, -3.0, 9.0], [-4.0, 9.0, 9.0, 9.0]])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
     # sums: -1 - 2 - 3 = -6 and -4; means: -6 / 3 = -2 and -4 / 1 = -4 (the 9s are masked)
-    close(rollout.sequence_logprobs(lp, mask, "sum"), [-6.0, -4.0])
-    close(rollout.sequence_logprobs(lp, mask, "mean"), [-2.0, -4.0])
+    close(rollout.sequence_logprobs(lp, mask, reduction="sum"), [-6.0, -4.0])
+    close(rollout.sequence_logprobs(lp, mask, reduction="mean"), [-2.0, -4.0])
     with pytest.raises(ValueError, match="no valid token"):
-        rollout.sequence_logprobs(lp, torch.zeros(2, 4), "mean")
+        rollout.sequence_logprobs(lp, torch.zeros(2, 4), reduction="mean")
     with pytest.raises(ValueError, match="reduction"):
-        rollout.sequence_logprobs(lp, mask, "max")
+        rollout.sequence_logprobs(lp, mask, reduction="max")
 
 
 # --- a real tiny model ---------------------------------------------------------------------------------------------
@@ -268,7 +267,7 @@ def test_behaviour_logprobs_are_the_samplers_whatever_the_checkpoint_sets(tmp_pa
     torch.testing.assert_close(r.logprobs, sampler * r.completion_mask, atol=1e-5, rtol=0)
     # and both are the plain distribution at temperature T, recomputed by one forward pass
     with torch.no_grad():
-        plain = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, T)
+        plain = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, temperature=T)
     torch.testing.assert_close(r.logprobs, plain * r.completion_mask, atol=1e-5, rtol=0)
     assert all(getattr(lm.generation_config, k) is not None for k in setting)  # the model's config is restored
 
@@ -305,7 +304,7 @@ def test_rollout_fields_are_consistent(tiny):
     assert r.completions == tok.batch_decode(r.completion_ids, skip_special_tokens=True)
     # recomputed in train mode (no dropout in these models), the log-probs are the same
     with torch.no_grad():
-        lp = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens, 1.3)
+        lp = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens, temperature=1.3)
     torch.testing.assert_close(lp * r.completion_mask, r.logprobs, atol=1e-5, rtol=0)
 
 
@@ -342,7 +341,7 @@ def test_select_groups_and_concat_keep_logprobs_valid(tiny):
     assert c.input_ids.shape == (6, b.n_prompt_tokens + 9)
     assert c.prompt_index.tolist() == [0, 0, 1, 1, 2, 2]
     with torch.no_grad():
-        lp = rollout.token_logprobs(model, c.input_ids, c.attention_mask, c.n_prompt_tokens, 0.9)
+        lp = rollout.token_logprobs(model, c.input_ids, c.attention_mask, c.n_prompt_tokens, temperature=0.9)
     torch.testing.assert_close(lp * c.completion_mask, c.logprobs, atol=1e-5, rtol=0)
 
 

@@ -5,6 +5,7 @@ import json
 import statistics
 
 import pytest
+import torch
 
 from minirl import models, sweep
 from minirl.tokenizer import build_tokenizer
@@ -105,13 +106,45 @@ def test_plot_metric_draws_the_mean_and_a_min_max_band(tmp_path, tiny_warm_start
     plt.close(fig)
 
 
-def test_the_kl_probe_logs_the_true_kl_in_the_runs_rows(tmp_path, tiny_warm_start):
-    """kl_probe adds true_kl (nats per sequence, >= 0) to the rows it measures, through train_rl's callback: the
-    callback runs before the row is logged."""
-    path = write_spec(tmp_path, kl_probe={"prompts": 2, "samples": 1, "every": 2}, seeds=[0])
+def first_position_kl(model, reference, tok, prompts) -> float:
+    """Mean over ``prompts`` of the exact KL(model || reference) of the first completion token's distribution."""
+    from minirl import kl
+
+    out = []
+    for prompt in prompts:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            logits = [m(input_ids=ids).logits[:, -1:, :] for m in (model, reference)]  # (1, 1, V) each
+        out.append(float(kl.exact_token_kl(*logits)))
+    return sum(out) / len(out)
+
+
+def test_the_kl_probe_logs_the_true_kl_in_the_runs_rows(tmp_path, tiny_warm_start, monkeypatch):
+    """kl_probe adds true_kl (nats per sequence) to the rows it measures, through train_rl's callback: the
+    callback runs before the row is logged.
+
+    A floor it must clear: a completion's KL is the sum over its positions of the exact per-position KL, each >= 0,
+    and every completion has a first token, whose distribution depends on the prompt alone. So the mean KL per
+    sequence is at least the mean first-position KL over the probe's prompts, which this test computes from the
+    probe's own two models. The run has moved away from its start: weight decay shrinks every weight at each
+    step (a tiny random model rarely earns a reward, so without it the policy might not move at all).
+    """
+    calls = []
+    real = sweep.fresh_sample_kl
+
+    def spy(model, reference, tokenizer, prompts, **kw):
+        out = real(model, reference, tokenizer, prompts, **kw)
+        calls.append((first_position_kl(model, reference, tokenizer, prompts), out["kl"]))
+        return out
+
+    monkeypatch.setattr(sweep, "fresh_sample_kl", spy)
+    path = write_spec(tmp_path, kl_probe={"prompts": 2, "samples": 1, "every": 2}, seeds=[0],
+                      arms={"grpo": {"algo": "grpo", "lr": 1e-2, "weight_decay": 0.5}})
     summary = sweep.run_sweep(path, progress=False)
     m = summary["arms"]["grpo"]["metrics"]["true_kl"]
-    assert m["step"] == [2] and m["mean"][0] >= 0.0  # measured at step 2 (every 2, and the last step)
+    (floor, measured), = calls  # measured once: at step 2 (every 2, and the last step)
+    assert floor > 1e-8  # the model has moved: its first-token distributions differ from the start's
+    assert m["step"] == [2] and m["mean"][0] == measured >= floor * (1 - 1e-6)
     rows = [json.loads(line) for line in (tmp_path / "runs" / "grpo__s0.jsonl").open()]
     assert [r["step"] for r in rows if "true_kl" in r] == [2]
     assert all(k in rows[-1] for k in ("true_kl_stderr", "true_kl_per_token", "fresh_entropy"))

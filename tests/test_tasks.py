@@ -31,6 +31,7 @@ def test_parse_answer(completion, parsed):
     assert tasks.parse_answer(completion) == parsed
 
 
+# paper-index: tasks.score
 def test_score_correct_and_well_formed():
     s = tasks.score("7+5=12;12+9=21#21", "21")
     assert (s.reward, s.formatted, s.correct) == (1.0, True, True)
@@ -132,9 +133,6 @@ def test_missing_split_is_a_clear_error(tmp_path):
 
 
 # --- tokenizer -----------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tok():
-    return build_tokenizer()
 
 
 def test_special_tokens_are_distinct(tok):

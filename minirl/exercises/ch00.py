@@ -108,7 +108,7 @@ def _lm_reference(temperature: float, shift: int = 0, use_mask: bool = True):
     model, ids, am, P = _tiny_lm()
     with torch.no_grad():
         if shift == 0 and use_mask:
-            return token_logprobs(model, ids, am, P, temperature)
+            return token_logprobs(model, ids, am, P, temperature=temperature)
         logits = model(input_ids=ids, attention_mask=am if use_mask else None).logits.float() / temperature
         logits = logits[:, P - 1 + shift:logits.shape[1] - 1 + shift]  # (B, T, V)
         return torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)

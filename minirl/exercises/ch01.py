@@ -73,7 +73,7 @@ def _(fn, gen):
 
     r, v = torch.randn(4, 6, generator=gen), torch.randn(4, 6, generator=gen)
     m = _prefix_mask([6, 3, 0, 1], 6)
-    want_a, want_r = gae(r, v, m, 0.99, 0.9)
+    want_a, want_r = gae(r, v, m, gamma=0.99, lam=0.9)
     adv, ret = fn(r, v, m, 0.99, 0.9)
     _expect(_as_tensor(adv, "advantages") * m, want_a, what="advantages")
     _expect(_as_tensor(ret, "returns") * m, want_r, what="returns")

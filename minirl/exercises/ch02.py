@@ -84,7 +84,7 @@ def _(fn, gen):
     from ..advantages import group_advantages
 
     r = torch.randint(0, 3, (24,), generator=gen).float() / 2
-    _expect(fn(r, 6, "group", 1e-4), group_advantages(r, 6, "group", 1e-4))
+    _expect(fn(r, 6, "group", 1e-4), group_advantages(r, 6, scale="group", eps=1e-4))
 
 
 @_case(ex, "B not a multiple of group_size", "raise ValueError when the batch is not a whole number of groups "
@@ -150,8 +150,8 @@ def _(fn, gen):
     old = lp.detach() + 0.3 * torch.randn(3, 5, generator=gen)
     ref = lp.detach() + 0.5 * torch.randn(3, 5, generator=gen)
     adv = torch.randn(3, generator=gen)
-    want = (policy_loss(lp, old, adv, mask, 0.2, agg="seq-mean-token-mean")[0]
-            + 0.04 * aggregate(kl_in_loss(lp, ref, "k3"), mask, "seq-mean-token-mean"))
+    want = (policy_loss(lp, old, adv, mask, eps_low=0.2, agg="seq-mean-token-mean")[0]
+            + 0.04 * aggregate(kl_in_loss(lp, ref, estimator="k3"), mask, "seq-mean-token-mean"))
     want_g = torch.autograd.grad(want, lp)[0]
     loss = _grpo(fn, lp, old, ref, adv, mask)
     _expect(loss, want.detach(), what="the loss")

@@ -118,7 +118,7 @@ def _(fn, gen):
     mask = _prefix_mask([4, 0, 2], 4)
     scores = torch.rand(3, generator=gen)
     lp, ref = -torch.rand(3, 4, generator=gen) * 3, -torch.rand(3, 4, generator=gen) * 3
-    want = kl_in_reward(token_level_rewards(scores, mask), lp, ref, 0.05, "k1") * mask
+    want = kl_in_reward(token_level_rewards(scores, mask), lp, ref, beta=0.05, estimator="k1") * mask
     _expect(_as_tensor(fn(scores, lp, ref, mask, 0.05), "the rewards") * mask, want)
 
 

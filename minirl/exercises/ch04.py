@@ -88,7 +88,7 @@ def _(fn, gen):
 
     x, m = torch.randn(5, 6, generator=gen), _prefix_mask([6, 1, 0, 4, 2], 6)
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
-        _expect(fn(x, m, mode, 10), aggregate(x, m, mode, 10), what=mode)
+        _expect(fn(x, m, mode, 10), aggregate(x, m, mode, max_tokens=10), what=mode)
 
 
 # --------------------------------------------------------------------------------------------- overlong_penalty

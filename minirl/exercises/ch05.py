@@ -30,7 +30,7 @@ from .ch01 import OPTIMISTIC
 
 
 ex = _exercise("sequence_ratio", "05", "sequence_ratio(logprobs, old_logprobs, mask) -> (B,) GSPO's s_i",
-               "minirl.losses.policy_loss(level='sequence') (its ratio)")
+               "minirl.losses.sequence_ratio")
 PRODUCT = ("this is the product of the token ratios (sum of log-ratios): GSPO's ratio is their geometric mean, "
            "normalised by the length |y_i|")
 ARITH = "arithmetic mean of the token ratios; GSPO's s_i is the geometric mean: exp of the mean log-ratio"
@@ -74,7 +74,7 @@ def _(fn, gen):
 
 ex = _exercise("gspo_loss", "05",
                "gspo_loss(logprobs, old_logprobs, advantages, mask, eps_low=3e-4, eps_high=4e-4) -> loss",
-               "minirl.losses.policy_loss(level='sequence', agg='seq-mean-token-mean')")
+               "minirl.losses.gspo_loss")
 BROADCAST = ("GSPO's sequence term was broadcast over the tokens and token-averaged: longer sequences then weigh "
              "more; GSPO has ONE clipped term per sequence, averaged over sequences")
 TOKEN_RATIOS = ("these are token-level ratios (PPO / GRPO); GSPO clips one ratio per sequence, the geometric mean "
@@ -136,7 +136,8 @@ def _(fn, gen):
     lp = (-torch.rand(4, 5, generator=gen, dtype=torch.float64) * 2).requires_grad_(True)
     old = lp.detach() + 4e-4 * torch.randn(4, 5, generator=gen, dtype=torch.float64)
     adv = torch.randn(4, generator=gen, dtype=torch.float64)
-    want = policy_loss(lp, old, adv, mask.double(), 3e-4, 4e-4, level="sequence", agg="seq-mean-token-mean")[0]
+    want = policy_loss(lp, old, adv, mask.double(), eps_low=3e-4, eps_high=4e-4, level="sequence",
+                       agg="seq-mean-token-mean")[0]
     loss = _gspo(fn, lp, old, adv, mask.double())
     _expect(loss, want.detach(), what="the loss", atol=1e-9, rtol=1e-7)
     _expect(_grad(loss, lp), torch.autograd.grad(want, lp)[0], what="the gradient", atol=1e-9, rtol=1e-7)
@@ -145,7 +146,7 @@ def _(fn, gen):
 # ---------------------------------------------------------------------------------------------- gspo_token_ratio
 
 ex = _exercise("gspo_token_ratio", "05", "gspo_token_ratio(logprobs, old_logprobs, mask) -> (B, T) GSPO-token's s_it",
-               "minirl.losses.policy_loss(level='sequence-token') (its ratio)")
+               "minirl.losses.gspo_token_loss (its ratio)")
 NO_SG = ("without the stop-gradient each token's gradient is spread over its whole sequence (that is GSPO's "
          "gradient): GSPO-token routes each token's gradient through its OWN log-prob, sg[s_i] * pi / sg[pi]")
 FULLY_DETACHED = ("the ratio carries no gradient: the factor pi(y_t) / sg[pi(y_t)] has the value 1 but passes each "
@@ -180,7 +181,8 @@ def _(fn, gen):
     old = lp.detach() + 0.1 * torch.randn(3, 4, generator=gen)
     adv = torch.randn(3, 4, generator=gen)
     # GSPO-token's loss with a clip range wide enough never to bind is -mean_seq(mean_t A_it * s_it)
-    want = policy_loss(lp, old, adv, mask, 0.99, 100.0, level="sequence-token", agg="seq-mean-token-mean")[0]
+    want = policy_loss(lp, old, adv, mask, eps_low=0.99, eps_high=100.0, level="sequence-token",
+                       agg="seq-mean-token-mean")[0]
     ratio = fn(lp, old, mask)
     if not isinstance(ratio, Tensor):
         raise _Mismatch(f"the ratio should be a torch.Tensor, got {type(ratio).__name__}")

@@ -36,7 +36,7 @@ def settings(seed: int):
 
 def held_out_accuracy(model, tokenizer, test, cfg) -> float:
     """Mean reward of 4 samples per held-out prompt at the training temperature (seeded)."""
-    return float(evaluation.evaluate(model, tokenizer, test, cfg.max_new_tokens, cfg.temperature,
+    return float(evaluation.evaluate(model, tokenizer, test, cfg.max_new_tokens, temperature=cfg.temperature,
                                      samples_per_prompt=4)["accuracy"])
 
 

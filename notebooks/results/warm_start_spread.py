@@ -31,7 +31,7 @@ def one_run(seed: int, threads: int) -> dict:
     t0 = time.time()
     model, tok, info = warm_start("cpu", seed=seed, cache=False, progress=False)
     test = tasks.load_split("test")
-    sampled = evaluation.evaluate(model, tok, test, 40, 1.0, samples_per_prompt=16, seed=0)
+    sampled = evaluation.evaluate(model, tok, test, 40, temperature=1.0, samples_per_prompt=16, seed=0)
     greedy = evaluation.evaluate(model, tok, test, 40, greedy=True)
     return {"seed": seed, "threads": threads, "sft_steps": len(info["sft_loss"]),
             "kept_step": info["kept_step"],
