@@ -43,6 +43,13 @@ SAMPLES_PER_PROMPT = 4
 #: The one evaluation of the warm start that every notebook quotes: all prompts of the test split, HELDOUT_SAMPLES
 #: completions each at T = 1 (seed 0), and greedy. Computed once per cached checkpoint and stored in its info.json.
 HELDOUT_SAMPLES = 16
+#: Shipped warm starts (``save_pretrained`` directories named ``<kind>-<profile>-s<seed>``, made by
+#: ``data/make_warm_start.py``): loaded instead of trained, so every machine starts from the same weights. Floating
+#: point SFT on another CPU, or another thread count, is another model; a shipped checkpoint is the same bytes.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "warm_start"
+#: Set to 1 to train (and cache) a warm start even where one is shipped: CI's second configuration does, to check
+#: that the SFT path itself still works on another thread count.
+TRAIN_ENV = "MINIRL_TRAIN_WARM_START"
 
 
 def sft_batch(tokenizer, prompts: Sequence[str], completions: Sequence[str]) -> dict:
@@ -129,8 +136,16 @@ def sft_lr_factor(step: int, steps: int, warmup: int = 20) -> float:
 
 
 def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = False, steps: int | None = None,
-               cache: bool = True, progress: bool = True):
-    """The warm-started tiny model of a profile: built from config, SFT'd on the train split, cached on disk.
+               *, cache: bool = True, progress: bool = True, train: bool | None = None):
+    """The warm-started tiny model of a profile: the shipped checkpoint where there is one, else built from config,
+    SFT'd on the train split and cached on disk.
+
+    Shipped: the cpu profile's seed-0 dense warm start lives in ``data/warm_start/dense-cpu-s0`` (a
+    ``save_pretrained`` directory; its ``info.json`` names the command, commit, machine and threads that made it,
+    its shared held-out evaluation and the sha256 of its weights). It is loaded with ``models.load``, the ordinary
+    checkpoint path, whenever its spec matches the one asked for, and never written to. ``train=True`` (or the
+    environment variable ``MINIRL_TRAIN_WARM_START=1``) trains and caches instead, as for every other seed and
+    profile.
 
     The run stops at the first check (every ``SFT_EVAL_EVERY`` steps) where the model's sampled accuracy at T = 1 on
     the validation rows (the last ``VALIDATION_SIZE`` prompts of the train split, never trained on;
@@ -155,6 +170,8 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
         moe: the tiny MoE model instead of the dense one.
         steps: SFT steps (default: the profile's).
         cache: read and write the cache.
+        progress: show the SFT progress bar.
+        train: train (and cache) even where a shipped checkpoint matches; default: ``MINIRL_TRAIN_WARM_START``.
 
     Returns:
         (model, tokenizer, info) with info holding the SFT loss curve, the validation checks (step, screen
@@ -166,6 +183,12 @@ def warm_start(profile: Profile | str | None = None, seed: int = 0, moe: bool = 
     sizes = profile.moe if moe else profile.dense
     spec = dict(kind="moe" if moe else "dense", sizes=sizes, steps=steps, bs=profile.sft_batch_size,
                 lr=profile.sft_lr, target=profile.sft_target_accuracy, seed=seed, version=6)
+    shipped = SHIPPED_DIR / f"{spec['kind']}-{profile.name}-s{seed}"
+    train = os.environ.get(TRAIN_ENV, "0") == "1" if train is None else train
+    if not train and (shipped / "info.json").exists():
+        info = json.loads((shipped / "info.json").read_text())
+        if info["spec"] == spec:  # a changed profile or SFT recipe trains afresh rather than load stale weights
+            return models.load(str(shipped)).to(profile.device), build_tokenizer(), info
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
     path = CACHE_DIR / "warmstart" / f"{spec['kind']}-{profile.name}-s{seed}-{key}"
     if cache:
