@@ -271,7 +271,7 @@ def sequence_kl_gradients(theta1: Tensor, theta2: Tensor, ref1: Tensor, ref2: Te
         return g1, g2
 
     P = lambda logp: logp.sum(-1).exp().detach()  # (B,) sg[pi(y1, y2)]
-    k = kl_estimate
+    k = lambda lp, lr, name: kl_estimate(lp, lr, estimator=name)  # noqa: E731
     seq = lambda x: x.sum(-1, keepdim=True)  # (B, 1): one "token" holding the whole sequence's log-prob
     rtg = lambda x: x.flip(-1).cumsum(-1).flip(-1)  # reward-to-go along the two positions
     return {

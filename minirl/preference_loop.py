@@ -178,13 +178,14 @@ def preference_pair_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConf
     tok = _completion_logps(model, enc, cfg.temperature)  # (2B, T)
     logps = rollout.sequence_logprobs(tok, enc["completion_mask"], reduction=opts["reduction"])  # (2B,)
     if cfg.method == "simpo":
-        loss, stats = pref.simpo_loss(logps[:n], logps[n:], opts["beta"], cfg.gamma)
+        loss, stats = pref.simpo_loss(logps[:n], logps[n:], beta=opts["beta"], gamma=cfg.gamma)
     else:
         ref = reference_logps(ref_model, enc, cfg.temperature, opts["reduction"])  # (2B,), no grad
         if cfg.method == "dpo":
-            loss, stats = pref.dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], opts["beta"], cfg.label_smoothing)
+            loss, stats = pref.dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], beta=opts["beta"],
+                                        label_smoothing=cfg.label_smoothing)
         else:
-            loss, stats = pref.ipo_loss(logps[:n], logps[n:], ref[:n], ref[n:], cfg.tau)
+            loss, stats = pref.ipo_loss(logps[:n], logps[n:], ref[:n], ref[n:], tau=cfg.tau)
     sums = tok.detach().sum(-1)  # (2B,) nats per completion
     stats["reward_accuracy"] = stats.pop("accuracy")
     stats.update(chosen_logps=float(sums[:n].mean()), rejected_logps=float(sums[n:].mean()))
@@ -221,7 +222,8 @@ def preference_kto_loss(model, ref_model, tokenizer, batch: dict, cfg: PrefConfi
                                              kl_enc["completion_mask"], reduction=opts["reduction"])  # (B,)
     ref = reference_logps(ref_model, enc, cfg.temperature, opts["reduction"])  # (B,)
     kl_ref = reference_logps(ref_model, kl_enc, cfg.temperature, opts["reduction"])  # (B,)
-    loss, stats = pref.kto_loss(logps, ref, kl_logps, kl_ref, desirable, opts["beta"], cfg.lambda_d, cfg.lambda_u)
+    loss, stats = pref.kto_loss(logps, ref, kl_logps, kl_ref, desirable, beta=opts["beta"], lambda_d=cfg.lambda_d,
+                                lambda_u=cfg.lambda_u)
     sums = tok.detach().sum(-1)  # (B,)
     stats["reward_accuracy"] = stats.pop("accuracy")
     stats.update(chosen_logps=float(sums[desirable].mean()), rejected_logps=float(sums[~desirable].mean()))

@@ -59,26 +59,36 @@ def ref_simpo_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejec
                                                            reduction="mean"), beta=beta, gamma=gamma)
 
 
+# minirl takes its settings by keyword; the exercises' signatures take them positionally (a student's first
+# version), so minirl's functions are passed in behind the exercise's own signature
 REFERENCE = {
     "completion_mask": rollout.completion_mask,
-    "token_logprobs": rollout.token_logprobs,
-    "sequence_logprobs": rollout.sequence_logprobs,
-    "gae": advantages.gae,
-    "clipped_surrogate": losses.policy_loss,
-    "value_loss": losses.value_loss,
-    "group_advantages": advantages.group_advantages,
+    "token_logprobs": lambda model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0: rollout.token_logprobs(
+        model, input_ids, attention_mask, n_prompt_tokens, temperature=temperature),
+    "sequence_logprobs": lambda token_logprobs, mask, reduction="sum": rollout.sequence_logprobs(
+        token_logprobs, mask, reduction=reduction),
+    "gae": lambda rewards, values, mask, gamma=1.0, lam=0.95: advantages.gae(rewards, values, mask, gamma=gamma,
+                                                                             lam=lam),
+    "clipped_surrogate": lambda logprobs, old_logprobs, adv, mask, eps_low=0.2, eps_high=None: losses.policy_loss(
+        logprobs, old_logprobs, adv, mask, eps_low=eps_low, eps_high=eps_high),
+    "value_loss": lambda values, old_values, returns, mask, clip=0.2: losses.value_loss(
+        values, old_values, returns, mask, clip=clip),
+    "group_advantages": lambda rewards, group_size, scale="group", eps=1e-4: advantages.group_advantages(
+        rewards, group_size, scale=scale, eps=eps),
     "grpo_loss": ref_grpo_loss,
     "k3": kl.k3,
     "kl_reward": ref_kl_reward,
     "exact_kl": kl.exact_token_kl,
-    "aggregate": losses.aggregate,
-    "overlong_penalty": rewards.overlong_penalty,
+    "aggregate": lambda per_token, mask, mode, max_tokens=None: losses.aggregate(per_token, mask, mode,
+                                                                                max_tokens=max_tokens),
+    "overlong_penalty": lambda lengths, max_len, cache_len: rewards.overlong_penalty(lengths, max_len=max_len,
+                                                                                     cache_len=cache_len),
     "has_signal": sampling.has_signal,
     "sequence_ratio": ref_sequence_ratio,
     "gspo_loss": ref_gspo_loss,
     "gspo_token_ratio": ref_gspo_token_ratio,
-    "dpo_loss": preference.dpo_loss,
-    "ipo_loss": preference.ipo_loss,
+    "dpo_loss": lambda c, r, ref_c, ref_r, beta=0.1: preference.dpo_loss(c, r, ref_c, ref_r, beta=beta),
+    "ipo_loss": lambda c, r, ref_c, ref_r, tau=0.1: preference.ipo_loss(c, r, ref_c, ref_r, tau=tau),
     "simpo_loss_from_tokens": ref_simpo_from_tokens,
 }
 
@@ -720,8 +730,8 @@ def test_check_leaves_the_global_rng_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    exercises.check("token_logprobs", rollout.token_logprobs, quiet=True)
-    exercises.check("gae", advantages.gae, quiet=True)
+    exercises.check("token_logprobs", REFERENCE["token_logprobs"], quiet=True)
+    exercises.check("gae", REFERENCE["gae"], quiet=True)
     assert torch.equal(torch.rand(3), expected)
 
 
