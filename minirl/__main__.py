@@ -10,8 +10,10 @@ from pathlib import Path
 
 
 def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, steps: int | None = None,
-             out: str | Path = "runs/grpo", **overrides) -> dict:
-    """Warm start (or load it), evaluate, train with ``algo``, evaluate again, and write metrics and a plot.
+             out: str | Path = "runs/grpo", *, warm_start_seed: int = 0, **overrides) -> dict:
+    """Load the warm start (the shipped one for the cpu profile's seed 0, else train it), evaluate, train with
+    ``algo``, evaluate again, and write metrics and a plot. ``seed`` is the RL run's; ``warm_start_seed`` picks the
+    starting model, so changing the one does not silently change the other.
 
     Writes under ``out``: metrics.jsonl (one row per step), summary.json (before/after figures) and
     curves.png (the standard learning curves).
@@ -27,7 +29,7 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
 
     t0 = time.time()
     prof = resolve_profile(profile)
-    model, tokenizer, info = warm_start(prof, seed=seed)
+    model, tokenizer, info = warm_start(prof, seed=warm_start_seed)
     t_warm = time.time() - t0
     test = tasks.load_split("test")
     test = test.select(range(min(prof.eval_size, len(test))))
@@ -40,7 +42,7 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
     history.to_jsonl(out / "metrics.jsonl")
     first, last = history.rows[0], history.rows[-1]
     summary = {
-        "algo": algo, "profile": prof.name, "seed": seed, "steps": cfg.steps,
+        "algo": algo, "profile": prof.name, "seed": seed, "warm_start_seed": warm_start_seed, "steps": cfg.steps,
         **{when: {"sampled_accuracy": r["eval_accuracy"],
                   "sampled_accuracy_stderr": r["eval_accuracy_stderr_prompts"],  # over prompts: 4 samples each
                   "greedy_accuracy": r["eval_greedy_accuracy"]} for when, r in (("before", first), ("after", last))},
@@ -65,7 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--algo", default="grpo", choices=sorted(ALGORITHMS), help="algorithm preset (default grpo)")
     train.add_argument("--profile", default=None, choices=sorted(PROFILES),
                        help="cpu or gpu (default: MINIRL_PROFILE, else gpu if CUDA is available, else cpu)")
-    train.add_argument("--seed", type=int, default=0, help="seed for everything (default 0)")
+    train.add_argument("--seed", type=int, default=0, help="seed of the RL run: prompts, sampling (default 0)")
+    train.add_argument("--warm-start-seed", type=int, default=0,
+                       help="seed of the starting model (default 0: the shipped warm start of the cpu profile; "
+                            "others are trained and cached)")
     train.add_argument("--steps", type=int, default=None, help="RL steps (default: the profile's)")
     train.add_argument("--out", default=None, help="output folder (default runs/<algo>)")
     bench = sub.add_parser("bench", help="time one RL step (generate / log-probs / backward / optimiser)")
@@ -93,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         from .warm_start import describe_heldout
 
         out = args.out or f"runs/{args.algo}"
-        summary = main_job(args.algo, args.profile, args.seed, args.steps, out)
+        summary = main_job(args.algo, args.profile, args.seed, args.steps, out, warm_start_seed=args.warm_start_seed)
         b, a = summary["before"], summary["after"]
         print(f"\n{args.algo} on the {summary['profile']} profile, seed {args.seed}, {summary['steps']} steps, "
               f"{summary['total_seconds']} s in all (warm start {summary['warm_start_seconds']} s)")

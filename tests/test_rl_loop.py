@@ -291,12 +291,18 @@ def test_cli_train_writes_its_summary_and_quotes_the_shared_warm_start_evaluatio
     from minirl.__main__ import main
 
     heldout = {"sampled": 0.3, "sampled_se": 0.02, "greedy": 0.5, "greedy_se": 0.03, "prompts": 256, "samples": 16}
-    small = tiny_model(tok)
-    monkeypatch.setattr(warm_start, "warm_start", lambda prof, seed=0: (small, tok, {"parameters": 1,
-                                                                                     "heldout": heldout}))
-    assert main(["train", "--algo", "grpo", "--steps", "1", "--out", str(tmp_path)]) == 0
+    small, asked = tiny_model(tok), []
+
+    def fake_warm_start(prof, seed=0):
+        asked.append(seed)
+        return small, tok, {"parameters": 1, "heldout": heldout}
+
+    monkeypatch.setattr(warm_start, "warm_start", fake_warm_start)
+    assert main(["train", "--algo", "grpo", "--steps", "1", "--seed", "3", "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["warm_start_heldout"] == heldout and summary["steps"] == 1
+    # the RL seed does not pick the starting model: --warm-start-seed does (default 0, the shipped one)
+    assert asked == [0] and (summary["seed"], summary["warm_start_seed"]) == (3, 0)
     assert (tmp_path / "metrics.jsonl").exists() and (tmp_path / "curves.png").exists()
     assert "warm start (256 test prompts): sampled at T = 1 0.300 +- 0.020" in capsys.readouterr().out
 
