@@ -284,8 +284,10 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
         logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
         pg_loss, st = losses.policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
-                                         cfg.eps_low, cfg.eps_high, cfg.level, cfg.agg, cfg.dual_clip,
-                                         cfg.max_new_tokens, denominator)
+                                         eps_low=cfg.eps_low, eps_high=cfg.eps_high, level=cfg.level, agg=cfg.agg,
+                                         dual_clip=cfg.dual_clip, max_tokens=cfg.max_new_tokens,
+                                         denominator=denominator, loss_mode=cfg.loss_mode,
+                                         cispo_form=cfg.cispo_form, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
         kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
         value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
         loss = pg_loss + beta * kl_loss + value_loss  # the whole objective
