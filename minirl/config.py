@@ -106,7 +106,7 @@ class RLConfig:
     dual_clip: float | None = None
     agg: str = "seq-mean-token-mean"  # see losses.AGGREGATIONS
     loss_mode: str = "clip"  # losses.LOSS_MODES: PPO's clip (at `level`), "cispo", "sapo" or "gmpo" (token level)
-    cispo_form: str = "two-sided"  # CISPO's weight: clip(r, 1 - eps_low, 1 + eps_high), or "one-sided" min(r, 1 + eps_high)
+    cispo_form: str = "two-sided"  # CISPO: clip(r, 1 - eps_low, 1 + eps_high), or "one-sided" min(r, 1 + eps_high)
     tau_pos: float = 1.0  # SAPO's gate temperature for A > 0
     tau_neg: float = 1.05  # SAPO's gate temperature for A <= 0
     # --- KL to the reference
@@ -281,7 +281,32 @@ ENGINE_EQUIVALENTS: dict[str, dict[str, str]] = {
                            'actor_rollout_ref.actor.clip_ratio_high=0.0004 '
                            'actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
                            'actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean '
-                           'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'}}
+                           'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'},
+    'cispo': {'trl': "GRPOConfig(loss_type='cispo', importance_sampling_level='token', epsilon=0.2, "
+                      "epsilon_high=5.0, scale_rewards='group', beta=0.0, use_bias_correction_kl=False, "
+                      'mask_truncated_completions=False)',
+               'verl': 'algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=True '
+                       'actor_rollout_ref.actor.policy_loss.loss_mode=cispo '
+                       'actor_rollout_ref.actor.clip_ratio_low=1.0 actor_rollout_ref.actor.clip_ratio_high=4.0 '
+                       'actor_rollout_ref.actor.loss_agg_mode=token-mean actor_rollout_ref.actor.use_kl_loss=False '
+                       'algorithm.use_kl_in_reward=False'},
+    'sapo': {'trl': "GRPOConfig(loss_type='sapo', importance_sampling_level='token', epsilon=0.2, epsilon_high=0.2, "
+                     "scale_rewards='group', sapo_temperature_pos=1.0, sapo_temperature_neg=1.05, beta=0.0, "
+                     'use_bias_correction_kl=False, mask_truncated_completions=False)',
+              'verl': 'algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=True '
+                      'actor_rollout_ref.actor.policy_loss.loss_mode=sapo actor_rollout_ref.actor.clip_ratio_low=0.2 '
+                      'actor_rollout_ref.actor.clip_ratio_high=0.2 actor_rollout_ref.actor.tau_pos=1.0 '
+                      'actor_rollout_ref.actor.tau_neg=1.05 '
+                      'actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean '
+                      'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'},
+    'gmpo': {'trl': "trl.experimental.gmpo.GMPOConfig(importance_sampling_level='token', epsilon=0.4, "
+                     "epsilon_high=0.4, scale_rewards='group', beta=0.0, use_bias_correction_kl=False, "
+                     'mask_truncated_completions=False)',
+              'verl': 'algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=True '
+                      'actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean '
+                      'actor_rollout_ref.actor.clip_ratio_low=0.4 actor_rollout_ref.actor.clip_ratio_high=0.4 '
+                      'actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean '
+                      'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'}}
 
 
 def make_config(algo: str = "grpo", **overrides) -> RLConfig:
