@@ -12,7 +12,17 @@ from .config import ALGORITHMS, PROFILES, RLConfig, make_config, resolve_profile
 from .evaluation import evaluate, fresh_sample_kl, memory_held
 from .history import History
 from .kl import k1, k2, k3, kl_in_loss, kl_in_reward
-from .losses import aggregate, gspo_loss, gspo_token_loss, policy_loss, token_clip_loss, value_loss
+from .losses import (
+                     aggregate,
+                     cispo_loss,
+                     gmpo_loss,
+                     gspo_loss,
+                     gspo_token_loss,
+                     policy_loss,
+                     sapo_loss,
+                     token_clip_loss,
+                     value_loss,
+)
 from .moe import record_routing, replay_routing, routing_change_fraction
 from .preference import dpo_loss, ipo_loss, kto_loss, simpo_loss
 from .preference_loop import PrefConfig, train_preference
@@ -26,7 +36,8 @@ __all__ = [
     "explained_variance", "gae", "group_advantages", "group_advantages_to_go", "whiten", "ALGORITHMS", "PROFILES",
     "RLConfig", "make_config", "resolve_profile", "set_seed", "evaluate", "fresh_sample_kl", "memory_held",
     "History", "k1", "k2", "k3", "kl_in_loss", "kl_in_reward", "aggregate", "gspo_loss", "gspo_token_loss",
-    "policy_loss", "token_clip_loss", "value_loss", "record_routing", "replay_routing", "routing_change_fraction",
+    "policy_loss", "token_clip_loss", "cispo_loss", "sapo_loss", "gmpo_loss", "value_loss", "record_routing",
+    "replay_routing", "routing_change_fraction",
     "dpo_loss", "ipo_loss", "kto_loss", "simpo_loss", "PrefConfig", "train_preference", "overlong_penalty",
     "score_completions", "RLBatch", "train_rl", "update_minibatch", "completion_mask", "generate",
     "sequence_logprobs", "token_logprobs", "dynamic_sampling", "has_signal", "running_sums_reward",

@@ -105,6 +105,10 @@ class RLConfig:
     eps_high: float = 0.2
     dual_clip: float | None = None
     agg: str = "seq-mean-token-mean"  # see losses.AGGREGATIONS
+    loss_mode: str = "clip"  # losses.LOSS_MODES: PPO's clip (at `level`), "cispo", "sapo" or "gmpo" (token level)
+    cispo_form: str = "two-sided"  # CISPO: clip(r, 1 - eps_low, 1 + eps_high), or "one-sided" min(r, 1 + eps_high)
+    tau_pos: float = 1.0  # SAPO's gate temperature for A > 0
+    tau_neg: float = 1.05  # SAPO's gate temperature for A <= 0
     # --- KL to the reference
     beta: float = 0.0  # KL coefficient; 0 disables the reference model
     kl_estimator: str = "k3"  # "k1", "k2" or "k3"
@@ -137,6 +141,8 @@ class RLConfig:
         choice("adv_scale", self.adv_scale, advantages.SCALES)
         choice("level", self.level, losses.LEVELS)
         choice("agg", self.agg, losses.AGGREGATIONS)
+        choice("loss_mode", self.loss_mode, losses.LOSS_MODES)
+        choice("cispo_form", self.cispo_form, losses.CISPO_FORMS)
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "num_iterations",
@@ -156,6 +162,19 @@ class RLConfig:
                              f"A < 0 at dual_clip * |A|, which for c <= 1 falls below PPO's own loss")
         if self.level == "sequence" and self.agg != "seq-mean-token-mean":
             raise ValueError("level='sequence' (GSPO) has one term per sequence: agg must be 'seq-mean-token-mean'")
+        if self.loss_mode != "clip" and (self.level != "token" or self.dual_clip is not None):
+            raise ValueError(f"loss_mode={self.loss_mode!r} defines its own ratio: it needs level='token' and "
+                             f"dual_clip=None, got level={self.level!r}, dual_clip={self.dual_clip}")
+        if self.loss_mode == "gmpo" and self.agg != "seq-mean-token-mean":
+            raise ValueError("loss_mode='gmpo' has one term per sequence: agg must be 'seq-mean-token-mean'")
+        if self.loss_mode == "gmpo" and not (self.eps_low >= 0 and self.eps_high >= 0):
+            raise ValueError(f"GMPO's log-ratio bounds must be >= 0, got eps_low={self.eps_low}, "
+                             f"eps_high={self.eps_high}")
+        if self.loss_mode != "gmpo" and not (0 <= self.eps_low < 1 and self.eps_high >= 0):
+            raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={self.eps_low}, "
+                             f"eps_high={self.eps_high}")
+        if not (self.tau_pos > 0 and self.tau_neg > 0):
+            raise ValueError(f"tau_pos and tau_neg (SAPO) must be > 0, got {self.tau_pos}, {self.tau_neg}")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
@@ -185,6 +204,18 @@ ALGORITHMS: dict[str, dict] = {
     # GSPO-token, Zheng et al. 2025, eq. 13: GSPO's value and gradient for per-sequence advantages
     "gspo_token": dict(advantage="group", adv_scale="group", level="sequence-token", agg="seq-mean-token-mean",
                        eps_low=3e-4, eps_high=4e-4, beta=0.0),
+    # CISPO, MiniMax 2025 (MiniMax-M1, arXiv 2506.13585, eq. 4-5): REINFORCE with a detached weight capped above,
+    # no lower bound in practice (one-sided), token-mean; the cap 1 + 4 = 5 is ScaleRL's (arXiv 2510.13786) and
+    # TRL's suggested epsilon_high; no KL
+    "cispo": dict(advantage="group", adv_scale="group", loss_mode="cispo", cispo_form="one-sided", agg="token-mean",
+                  eps_low=0.2, eps_high=4.0, beta=0.0),
+    # SAPO, Gao et al. 2025 (arXiv 2511.20347, eq. 5-6): soft gate, tau_pos 1.0 / tau_neg 1.05, GRPO's aggregation
+    "sapo": dict(advantage="group", adv_scale="group", loss_mode="sapo", tau_pos=1.0, tau_neg=1.05,
+                 agg="seq-mean-token-mean", beta=0.0),
+    # GMPO, Zhao et al. 2025 (arXiv 2507.20673, eq. 4): geometric mean of token ratios clipped in log space to
+    # (e^-0.4, e^0.4), one term per sequence; no KL
+    "gmpo": dict(advantage="group", adv_scale="group", loss_mode="gmpo", agg="seq-mean-token-mean", eps_low=0.4,
+                 eps_high=0.4, beta=0.0),
 }
 
 def make_config(algo: str = "grpo", **overrides) -> RLConfig:

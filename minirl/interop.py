@@ -20,6 +20,11 @@ Convention differences that remain where both engines run the same switches (eac
   token count per step); minirl's token-mean divides by the minibatch's own tokens. Equal with one optimiser step
   per rollout (``num_minibatches=1``), whatever ``num_iterations``.
 - TRL 1.16's DPO "sigmoid" loss ignores ``label_smoothing`` (cDPO); ``to_trl`` raises for it.
+- CISPO: TRL's ``epsilon_high`` is the absolute cap of the weight (its "cispo" is one-sided, min(r, epsilon_high)),
+  so minirl's cap 1 + eps_high is written epsilon_high = 1 + eps_high; TRL has no two-sided CISPO (it raises).
+  verl's "cispo" is two-sided; the one-sided form is written there as clip_ratio_low=1.0 (a lower bound of 0).
+- GMPO: TRL 1.16's ``trl.experimental.gmpo.GMPOTrainer`` and verl's "geo_mean" average over all B rows; minirl
+  leaves rows with no valid token out (TRL and verl still count such a row, with weight 1 and its advantage).
 - TRL 1.16 multiplies the KL term by the importance ratio by default (``use_bias_correction_kl=True``), which
   changes the gradient even on-policy; ``to_trl`` sets it False, which is GRPO's (and minirl's) loss.
 """
@@ -70,6 +75,11 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
     default schedule decays linearly), the optimiser plain torch AdamW, the weights float32 (bf16=False: TRL's
     default is bf16; pass bf16=True to ``to_trl`` for a real run on GPUs).
 
+    loss_mode "cispo" -> loss_type "cispo" with epsilon_high = 1 + eps_high (TRL's cap is absolute; one-sided form
+    and token-mean only); "sapo" -> loss_type "sapo" with sapo_temperature_pos / _neg = tau_pos / tau_neg
+    (seq-mean-token-mean only); "gmpo" -> the same arguments for ``trl.experimental.gmpo.GMPOConfig``, whose
+    epsilon / epsilon_high are the log-space bounds eps_low / eps_high (``to_trl`` builds that class).
+
     GSPO-token ("sequence-token") maps to TRL's "sequence" level: TRL 1.16 has no GSPO-token level (neither in
     GRPOConfig nor in trl.experimental), and with one advantage per sequence, which is all TRL computes, GSPO-token
     has GSPO's value and gradient (Zheng et al. 2025, eq. 13-14; tested). With another aggregation it raises.
@@ -87,7 +97,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
             (critic), KL in the reward, a KL estimator other than k3 in the loss, adaptive_kl, routing_replay,
             dynamic_sampling / overlong_shaping (unless in ``without``), adv_eps other than 1e-4,
             level="sequence-token" with an aggregation other than seq-mean-token-mean, GSPO with another
-            aggregation, dual_clip <= 1 + eps_high.
+            aggregation, dual_clip <= 1 + eps_high, two-sided CISPO, CISPO other than token-mean, SAPO other
+            than seq-mean-token-mean.
         ValueError: for an invalid config, a name in ``without`` that is not droppable, or a micro-batch that does
             not divide the minibatch.
 
@@ -122,11 +133,27 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
                        "TRL's sequence level is GSPO only with loss_type='grpo' (one term per sequence)")
     if cfg.dual_clip is not None and cfg.dual_clip <= 1 + cfg.eps_high:
         raise _missing(f"dual_clip={cfg.dual_clip}", "TRL's delta equals dual-clip only above 1 + eps_high")
+    loss_type, epsilon_high, extra = _TRL_LOSS_TYPE[cfg.agg], cfg.eps_high, {}
+    if cfg.loss_mode == "cispo":
+        if cfg.cispo_form != "one-sided":
+            raise _missing("cispo_form='two-sided'", "TRL 1.16's cispo caps the weight on one side only",
+                           "use cispo_form='one-sided' (the paper's practice), or verl for the two-sided clip")
+        if cfg.agg != "token-mean":
+            raise _missing(f"loss_mode='cispo' with agg={cfg.agg!r}", "TRL 1.16's cispo aggregates token-mean")
+        loss_type, epsilon_high = "cispo", 1 + cfg.eps_high  # TRL's cap is absolute: min(r, epsilon_high)
+    elif cfg.loss_mode == "sapo":
+        if cfg.agg != "seq-mean-token-mean":
+            raise _missing(f"loss_mode='sapo' with agg={cfg.agg!r}", "TRL 1.16's sapo aggregates "
+                           "seq-mean-token-mean")
+        loss_type = "sapo"
+        extra = dict(sapo_temperature_pos=cfg.tau_pos, sapo_temperature_neg=cfg.tau_neg)
+    elif cfg.loss_mode == "gmpo":
+        loss_type = "grpo"  # GMPOTrainer replaces the loss; epsilon / epsilon_high are its log-space bounds
     lay = _layout(cfg)
     return dict(
         # the algorithm
-        loss_type=_TRL_LOSS_TYPE[cfg.agg], importance_sampling_level="token" if cfg.level == "token" else "sequence",
-        epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale,
+        loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
+        epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
         # sampling
         num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
@@ -206,7 +233,8 @@ def pref_trl_kwargs(cfg: PrefConfig) -> tuple[str, dict]:
 
 def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = (), **trl_args):
     """TRL's config object that runs ``cfg``: a ``trl.GRPOConfig`` for an RLConfig (grpo, dr_grpo, dapo, gspo,
-    gspo_token and any config whose switches TRL supports), a ``trl.DPOConfig`` / ``trl.KTOConfig`` /
+    gspo_token, cispo, sapo and any config whose switches TRL supports; ``trl.experimental.gmpo.GMPOConfig`` for
+    gmpo, run by its GMPOTrainer), a ``trl.DPOConfig`` / ``trl.KTOConfig`` /
     ``trl.experimental.cpo.CPOConfig`` for a PrefConfig.
 
     Example: ``to_trl(make_config("grpo"), output_dir="runs/trl")`` -> GRPOConfig(loss_type="grpo", beta=0.04,
@@ -228,9 +256,12 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
         TypeError: for a cfg of another type.
     """
     if isinstance(cfg, RLConfig):
-        from trl import GRPOConfig
+        if cfg.loss_mode == "gmpo":
+            from trl.experimental.gmpo import GMPOConfig as Config  # trainer: trl.experimental.gmpo.GMPOTrainer
+        else:
+            from trl import GRPOConfig as Config
 
-        return GRPOConfig(**{**trl_kwargs(cfg, without), **trl_args})
+        return Config(**{**trl_kwargs(cfg, without), **trl_args})
     if isinstance(cfg, PrefConfig):
         if without:
             raise ValueError("without= applies to an RLConfig only")
@@ -258,12 +289,14 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     log-ratio is clamped above at 10 (minirl continues exp linearly above 20 nats,
     no clamp); verl's "gspo" loss is the GSPO-token form (s_i,t), equal to
     GSPO for per-sequence advantages; vanilla PPO always applies dual-clip, so "no dual clip" is written as
-    clip_ratio_c=1e9.
+    clip_ratio_c=1e9. loss_mode cispo -> "cispo" (one-sided: clip_ratio_low=1.0), sapo -> "sapo" with
+    actor.tau_pos / tau_neg, gmpo -> "geo_mean" (clip_ratio_low / high are then its log-space bounds; the loss
+    averages over all rows). These names are the same in verl 0.7.0 and the main branch's 0.8.0.dev.
 
     Raises:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
-            places), overlong_filter, adv_scale="batch", adaptive_kl with the KL in the loss, GSPO with another
-            aggregation.
+            places), overlong_filter, adv_scale="batch", adaptive_kl with the KL in the loss, GSPO or SAPO with
+            another aggregation.
         ValueError: for an invalid config.
 
     Source: verl v0.7.0 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``actor/actor.yaml``,
@@ -279,6 +312,12 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
         raise _missing("adv_scale='batch'", "verl's GRPO divides by the group std or by nothing")
     if cfg.level == "sequence" and cfg.agg != "seq-mean-token-mean":
         raise _missing(f"level='sequence' with agg={cfg.agg!r}", "verl's gspo aggregates seq-mean-token-mean")
+    if cfg.loss_mode == "sapo" and cfg.agg != "seq-mean-token-mean":
+        raise _missing(f"loss_mode='sapo' with agg={cfg.agg!r}", "verl's sapo always aggregates seq-mean-token-mean")
+    loss_mode = {"cispo": "cispo", "sapo": "sapo", "gmpo": "geo_mean"}.get(
+        cfg.loss_mode, "vanilla" if cfg.level == "token" else "gspo")
+    # verl's cispo is two-sided clip(r, 1 - low, 1 + high): the one-sided cap min(r, 1 + high) is low = 1 (r >= 0)
+    clip_low = 1.0 if cfg.loss_mode == "cispo" and cfg.cispo_form == "one-sided" else cfg.eps_low
     lay = _layout(cfg)
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     out = [f"algorithm.adv_estimator={'gae' if cfg.advantage == 'gae' else 'grpo'}"]
@@ -293,10 +332,13 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
             f"{a}.ppo_micro_batch_size_per_gpu={lay['micro']}", f"{a}.ppo_epochs={cfg.num_iterations}",
             f"{a}.optim.lr={cfg.lr}", f"{a}.optim.weight_decay={cfg.weight_decay}",
             f"{a}.optim.clip_grad={cfg.max_grad_norm}",
-            f"{a}.policy_loss.loss_mode={'vanilla' if cfg.level == 'token' else 'gspo'}",
-            f"{a}.clip_ratio_low={cfg.eps_low}", f"{a}.clip_ratio_high={cfg.eps_high}",
-            f"{a}.clip_ratio_c={cfg.dual_clip if cfg.dual_clip is not None else 1e9}",
-            f"{a}.loss_agg_mode={cfg.agg}"]
+            f"{a}.policy_loss.loss_mode={loss_mode}",
+            f"{a}.clip_ratio_low={clip_low}", f"{a}.clip_ratio_high={cfg.eps_high}"]
+    if cfg.loss_mode == "clip":  # only verl's vanilla loss reads clip_ratio_c
+        out.append(f"{a}.clip_ratio_c={cfg.dual_clip if cfg.dual_clip is not None else 1e9}")
+    if cfg.loss_mode == "sapo":
+        out += [f"{a}.tau_pos={cfg.tau_pos}", f"{a}.tau_neg={cfg.tau_neg}"]
+    out.append(f"{a}.loss_agg_mode={cfg.agg}")
     if cfg.agg == "seq-mean-token-sum-norm":
         out.append(f"{a}.loss_scale_factor={cfg.max_new_tokens}")
     verl_kl = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}[cfg.kl_estimator]
@@ -338,8 +380,10 @@ def to_verl(cfg: RLConfig) -> str:
 # ------------------------------------------------------------------------------------------------ the map
 #: GRPOConfig arguments that define the algorithm (the rest is batch layout and optimiser), for the short map.
 _TRL_ALGO_KEYS = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "scale_rewards",
-                  "beta", "use_bias_correction_kl", "mask_truncated_completions")
+                  "sapo_temperature_pos", "sapo_temperature_neg", "beta", "use_bias_correction_kl",
+                  "mask_truncated_completions")
 _VERL_ALGO_PREFIXES = ("algorithm.", "actor_rollout_ref.actor.policy_loss", "actor_rollout_ref.actor.clip_ratio_",
+                       "actor_rollout_ref.actor.tau_",
                        "actor_rollout_ref.actor.loss_", "actor_rollout_ref.actor.use_kl", "actor_rollout_ref.actor.kl_",
                        "reward_model.")
 
@@ -355,7 +399,9 @@ def describe_trl(cfg: RLConfig) -> str:
             kw = trl_kwargs(cfg, without=dropped)
         except NotImplementedError:
             return f"not in TRL {TRL_VERSION}'s GRPOTrainer: {e}"
-    text = "GRPOConfig(" + ", ".join(f"{k}={kw[k]!r}" for k in _TRL_ALGO_KEYS if kw[k] is not None) + ")"
+    keys = [k for k in _TRL_ALGO_KEYS if kw.get(k) is not None and not (cfg.loss_mode == "gmpo" and k == "loss_type")]
+    name = "trl.experimental.gmpo.GMPOConfig" if cfg.loss_mode == "gmpo" else "GRPOConfig"
+    text = name + "(" + ", ".join(f"{k}={kw[k]!r}" for k in keys) + ")"
     if cfg.overlong_shaping:
         text += (f" + reward_funcs [..., trl.rewards.get_soft_overlong_punishment({cfg.max_new_tokens}, "
                  f"{cfg.overlong_cache_len})]")

@@ -10,6 +10,13 @@ from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
+#: The policy-loss families of ``policy_loss``: PPO's clipped surrogate (at ``level``), CISPO, SAPO and GMPO.
+LOSS_MODES = ("clip", "cispo", "sapo", "gmpo")
+#: CISPO's weight: the paper's and verl's two-sided clip, or TRL's one-sided cap (see ``cispo_loss``).
+CISPO_FORMS = ("two-sided", "one-sided")
+#: PPO's band, used only for the ``ppo_clip_frac`` diagnostic of the losses that do not clip: the share of tokens
+#: whose gradient PPO's clip (eps 0.2 / 0.2) would have removed, comparable across every loss.
+PPO_BAND = 0.2
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str, *, max_tokens: int | None = None,
@@ -94,10 +101,12 @@ def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
                 eps_high: float | None = None, level: str = "token", agg: str = "token-mean",
-                dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None
-                ) -> tuple[Tensor, dict]:
-    """The clipped policy-gradient loss at one of three ratio levels: checks the inputs, then calls
-    ``token_clip_loss`` (PPO, GRPO, DAPO), ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token).
+                dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None,
+                loss_mode: str = "clip", cispo_form: str = "two-sided", tau_pos: float = 1.0,
+                tau_neg: float = 1.05) -> tuple[Tensor, dict]:
+    """The policy-gradient loss: checks the inputs, then calls ``token_clip_loss`` (PPO, GRPO, DAPO),
+    ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token) by ``level``, or, by ``loss_mode``, one of the
+    losses that keep the gradient the clip removes: ``cispo_loss``, ``sapo_loss``, ``gmpo_loss``.
 
     Above ``LOG_RATIO_LINEAR_ABOVE`` (20 nats) a log-ratio's exp is continued by its tangent (at the sequence levels,
     the mean log-ratio of each sequence), so the ratio stays finite and its gradient keeps its sign: where the
@@ -116,41 +125,73 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         level: "token", "sequence" or "sequence-token".
         agg: aggregation mode (see ``aggregate``); must be "seq-mean-token-mean" at level="sequence".
         dual_clip: optional c > 1 of dual-clip PPO: for A < 0 the loss is capped at c * |A|.
-        max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence").
+        max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence"
+            and for GMPO).
+        loss_mode: "clip" (PPO's clipped surrogate at ``level``), "cispo", "sapo" or "gmpo"; the last three need
+            level="token" (each defines its own ratio) and no dual_clip. For "cispo", eps_low / eps_high bound its
+            weight as 1 - eps_low <= w <= 1 + eps_high; for "gmpo" they are in log space (log r in
+            [-eps_low, eps_high]); "gmpo" needs agg="seq-mean-token-mean" and advantages (B,).
+        cispo_form: "two-sided" (paper eq. 5, verl) or "one-sided" (TRL: only the cap 1 + eps_high).
+        tau_pos, tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (> 0).
 
     Returns:
         (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens whose gradient the
         clip removed, on the low / high side; at the sequence levels every token of a clipped sequence counts, as
         in GSPO's paper, so GSPO and GSPO-token report the same numbers), clip_frac (their sum),
         ratio_mean / ratio_min / ratio_max / ratio_std (over valid tokens; at the sequence levels each token
-        carries its sequence's s_i), approx_kl (mean k3 estimate of KL(pi_old || pi) per token).
+        carries its sequence's s_i), approx_kl (mean k3 estimate of KL(pi_old || pi) per token). CISPO, SAPO
+        and GMPO report their own clip fractions (see each) and ppo_clip_frac.
 
     Raises:
         ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps,
-            dual_clip (<= 1) or level / agg are invalid.
+            dual_clip (<= 1), level / agg, loss_mode, cispo_form or tau_pos / tau_neg are invalid, or a
+            loss_mode other than "clip" is combined with level != "token" or dual_clip.
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
-    GSPO, Zheng et al. 2025, eq. 5-7 and 13-14.
+    GSPO, Zheng et al. 2025, eq. 5-7 and 13-14; CISPO, MiniMax 2025 (arXiv 2506.13585), eq. 4-5; SAPO, Gao et
+    al. 2025 (arXiv 2511.20347), eq. 5-6; GMPO, Zhao et al. 2025 (arXiv 2507.20673), eq. 4.
     """
     same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     ndim("logprobs", logprobs, 2, "(B, T)")
     choice("level", level, LEVELS)
+    choice("loss_mode", loss_mode, LOSS_MODES)
+    choice("cispo_form", cispo_form, CISPO_FORMS)
     eps_high = eps_low if eps_high is None else eps_high
-    if not (0 <= eps_low < 1 and eps_high >= 0):
+    if loss_mode == "gmpo":  # log-space bounds: any eps_low >= 0 is a ratio bound e^-eps_low in (0, 1]
+        if not (eps_low >= 0 and eps_high >= 0):
+            raise ValueError(f"GMPO needs eps_low >= 0 and eps_high >= 0 (log-ratio bounds), got eps_low={eps_low}, "
+                             f"eps_high={eps_high}")
+    elif not (0 <= eps_low < 1 and eps_high >= 0):
         raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if loss_mode != "clip" and (level != "token" or dual_clip is not None):
+        raise ValueError(f"loss_mode={loss_mode!r} defines its own ratio: it needs level='token' and dual_clip=None, "
+                         f"got level={level!r}, dual_clip={dual_clip}")
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    one_per_seq = level == "sequence" or loss_mode == "gmpo"
     B, T = logprobs.shape
     if advantages.shape == (B,):
         advantages = advantages.unsqueeze(1).expand(B, T)  # (B, T)
-    elif advantages.shape != (B, T) or level == "sequence":
-        raise ValueError(f"advantages must have shape ({B},) or ({B}, {T}) (only (B,) at level='sequence'), "
-                         f"got {tuple(advantages.shape)}")
-    if level == "sequence" and agg != "seq-mean-token-mean":
-        raise ValueError(f"level='sequence' has one term per sequence; agg must be 'seq-mean-token-mean', got {agg!r}")
+    elif advantages.shape != (B, T) or one_per_seq:
+        raise ValueError(f"advantages must have shape ({B},) or ({B}, {T}) (only (B,) at level='sequence' and for "
+                         f"GMPO), got {tuple(advantages.shape)}")
+    if one_per_seq and agg != "seq-mean-token-mean":
+        raise ValueError(f"level='sequence' and loss_mode='gmpo' have one term per sequence; agg must be "
+                         f"'seq-mean-token-mean', got {agg!r}")
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
     # from here on only valid positions are read: padding may hold anything (a pad token's log-prob can be -inf)
     logprobs, old_logprobs = zero_outside(logprobs, mask), zero_outside(old_logprobs.detach(), mask)
-    if level == "token":
+    if loss_mode == "cispo":
+        loss, stats = cispo_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
+                                 form=cispo_form, agg=agg, max_tokens=max_tokens, denominator=denominator)
+    elif loss_mode == "sapo":
+        loss, stats = sapo_loss(logprobs, old_logprobs, advantages, mask, tau_pos=tau_pos, tau_neg=tau_neg, agg=agg,
+                                max_tokens=max_tokens, denominator=denominator)
+    elif loss_mode == "gmpo":
+        loss, stats = gmpo_loss(logprobs, old_logprobs, advantages[:, 0], mask, eps_low=eps_low, eps_high=eps_high,
+                                denominator=denominator)
+    elif level == "token":
         loss, stats = token_clip_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
                                       agg=agg, dual_clip=dual_clip, max_tokens=max_tokens, denominator=denominator)
     elif level == "sequence":
@@ -283,6 +324,158 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     per_token = _clipped_surrogate(ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
     return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+
+
+def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
+               eps_high: float = 0.2, form: str = "two-sided", agg: str = "token-mean", max_tokens: int | None = None,
+               denominator: float | None = None) -> tuple[Tensor, dict]:
+    """CISPO: REINFORCE on every token, weighted by a detached, clipped importance ratio.
+
+    Per token: L_t = -sg(w_t) A_t log pi(y_t), with r_t = pi(y_t) / pi_old(y_t) and
+    w_t = clip(r_t, 1 - eps_low, 1 + eps_high) ("two-sided", the paper's eq. 5 and verl's "cispo") or
+    w_t = min(r_t, 1 + eps_high) ("one-sided", TRL's "cispo", whose ``epsilon_high`` is the absolute cap
+    1 + eps_high). The gradient is -w_t A_t d log pi: where PPO's clip sets a token's gradient to 0, CISPO keeps
+    it, only its weight stops growing. The paper sets no lower bound in practice (a large eps_low), which is the
+    one-sided form.
+
+    Example: logprobs = old_logprobs = -1.0, A = +1: w = 1, loss = -1 * 1 * (-1.0) = 1.0, d loss / d logprobs = -1.
+    After an update to -0.5 (r = e^0.5 = 1.648721), eps 0.2 / 0.28: w = 1.28, loss = -1.28 * (-0.5) = 0.64 and the
+    gradient is -1.28 (PPO's is 0 there); one-sided with eps_high = 4 (cap 5): w = r = 1.648721, loss 0.824361,
+    gradient -1.648721.
+
+    Args:
+        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
+        advantages: (B, T).
+        eps_low, eps_high: the weight's bounds 1 - eps_low (two-sided only) and 1 + eps_high.
+        form: one of ``CISPO_FORMS``.
+        agg, max_tokens, denominator: see ``aggregate`` (the paper: token-mean).
+
+    Returns:
+        (loss, stats): clip_frac_low / clip_frac_high = share of valid tokens whose weight was raised to
+        1 - eps_low / capped at 1 + eps_high (their gradient is scaled, not removed), clip_frac their sum,
+        ppo_clip_frac (see ``PPO_BAND``) and the ratio summaries of ``policy_loss``.
+
+    Raises:
+        ValueError: for an unknown form (``policy_loss`` checks the rest).
+
+    Source: MiniMax-M1, MiniMax 2025 (arXiv 2506.13585), eq. 4-5 (CISPO); TRL 1.16 ``loss_type="cispo"``;
+    verl ``loss_mode="cispo"``.
+    """
+    choice("cispo form", form, CISPO_FORMS)
+    advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
+    ratio = exp_linear_above(zero_outside(logprobs - old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B, T)
+    low = 1 - eps_low if form == "two-sided" else 0.0
+    weight = torch.clamp(ratio, low, 1 + eps_high).detach()  # (B, T) sg(w): no gradient through the ratio
+    per_token = -weight * advantages * logprobs  # (B, T); logprobs is 0 outside the mask (policy_loss zeroes it)
+    loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
+    stats = _ratio_stats(ratio, advantages, mask, PPO_BAND, PPO_BAND)
+    with torch.no_grad():
+        valid, n = mask > 0, (mask > 0).sum().clamp(min=1)
+        frac_low = float(((ratio < low) & valid).sum() / n) if form == "two-sided" else 0.0
+        frac_high = float(((ratio > 1 + eps_high) & valid).sum() / n)
+    stats = {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": frac_low, "clip_frac_high": frac_high,
+             "clip_frac": frac_low + frac_high}
+    return loss, stats
+
+
+def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, tau_pos: float = 1.0,
+              tau_neg: float = 1.05, agg: str = "seq-mean-token-mean", max_tokens: int | None = None,
+              denominator: float | None = None) -> tuple[Tensor, dict]:
+    """SAPO: a smooth, temperature-controlled gate in place of the hard clip.
+
+    Per token: L_t = -f(r_t) A_t with f(r) = (4 / tau) sigmoid(tau (r - 1)), tau = tau_pos for A_t > 0 and tau_neg
+    otherwise. Its gradient with respect to log pi is -A_t * 4 r s (1 - s), s = sigmoid(tau (r - 1)): exactly
+    -A_t at r = 1 (the 4 / tau makes the on-policy gradient that of the plain policy gradient whatever tau), then
+    decaying smoothly as r leaves 1, never switched off at a band edge. tau_neg > tau_pos makes negative-advantage
+    tokens decay faster (their updates spread over the whole vocabulary).
+
+    Example: on-policy (r = 1), A = +1, tau 1: f = 4 * 0.5 = 2, loss = -2, gradient -4 * 0.25 = -1. At
+    r = e^0.5 = 1.648721: s = sigmoid(0.648721) = 0.656722, f = 4 s = 2.626889, loss = -2.626889, gradient
+    -4 * 1.648721 * 0.656722 * 0.343278 = -1.486739 (PPO's is 0 there).
+
+    Args:
+        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
+        advantages: (B, T).
+        tau_pos, tau_neg: gate temperatures (> 0; the paper's 1.0 and 1.05).
+        agg, max_tokens, denominator: see ``aggregate`` (the paper: seq-mean-token-mean, as GRPO).
+
+    Returns:
+        (loss, stats): clip_frac* are 0 (nothing is clipped), ppo_clip_frac (see ``PPO_BAND``), gate_mean (mean
+        f'(r) r of valid tokens: the share of the plain policy gradient the gate lets through, 1 on-policy) and the
+        ratio summaries of ``policy_loss``.
+
+    Raises:
+        ValueError: if tau_pos or tau_neg is not > 0.
+
+    Source: SAPO, Gao et al. 2025 (arXiv 2511.20347), eq. 5-6; TRL 1.16 ``loss_type="sapo"``; verl
+    ``loss_mode="sapo"``.
+    """
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
+    ratio = exp_linear_above(zero_outside(logprobs - old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B, T)
+    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)  # (B, T); in float64 when the input is
+    gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)  # (B, T) f(r)
+    per_token = -gate * advantages  # (B, T)
+    loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
+    stats = _ratio_stats(ratio, advantages, mask, PPO_BAND, PPO_BAND)
+    with torch.no_grad():
+        s = torch.sigmoid(tau * (ratio - 1))
+        through = zero_outside(4 * ratio * s * (1 - s), mask)  # (B, T) d f / d log r
+        gate_mean = float(through.sum() / mask.sum().clamp(min=1))
+    return loss, {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": 0.0, "clip_frac_high": 0.0,
+                  "clip_frac": 0.0, "gate_mean": gate_mean}
+
+
+def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.4,
+              eps_high: float = 0.4, denominator: float | None = None) -> tuple[Tensor, dict]:
+    """GMPO: one term per sequence, the geometric mean of its sign-aware, log-space-clipped token ratios.
+
+    With l_t = log r_t and c_t = clip(l_t, -eps_low, eps_high): m_t = min(l_t, c_t) for A > 0 and max(l_t, c_t)
+    for A < 0 (PPO's pessimistic side, taken in log space), then L = mean_i -A_i exp(mean_t m_t). A clipped token
+    loses its own gradient but not its sequence's; a token ratio enters as its 1/|o|-th power, so one outlier
+    moves the sequence's weight far less than in GRPO's arithmetic mean. Rows with no valid token are left out.
+
+    Example (eps 0.4 / 0.4): log-ratios [0.6, 0.0] with A = +1: m = [0.4, 0.0] (the first is clipped), weight
+    e^0.2 = 1.221403, loss -1.221403; d loss / d logprobs = [0, -1.221403 / 2 = -0.610701]. With A = -1 the first
+    is not clipped (max(0.6, 0.4)): weight e^0.3 = 1.349859, loss 1.349859, gradient [0.674929, 0.674929].
+
+    Args:
+        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
+        advantages: (B,) one per sequence.
+        eps_low, eps_high: log-ratio bounds (the ratio stays in [e^-eps_low, e^eps_high]; the paper's 0.4 / 0.4).
+        denominator: number of sequences to divide by (the whole minibatch's, under gradient accumulation).
+
+    Returns:
+        (loss, stats): clip_frac_low / clip_frac_high = share of valid tokens whose gradient the log-space clip
+        removed (A < 0 below, A > 0 above), clip_frac their sum, ppo_clip_frac (see ``PPO_BAND``), and the
+        token-ratio summaries of ``policy_loss``.
+
+    Source: GMPO, Zhao et al. 2025 (arXiv 2507.20673), eq. 4; TRL 1.16 ``trl.experimental.gmpo``; verl
+    ``loss_mode="geo_mean"``.
+    """
+    B, T = logprobs.shape
+    has_tokens = mask.sum(-1) > 0  # (B,)
+    advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
+    log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
+    clipped = torch.clamp(log_ratio, -eps_low, eps_high)  # (B, T)
+    a = advantages.unsqueeze(1)  # (B, 1)
+    pessimistic = torch.where(a > 0, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))  # (B, T)
+    mean_log = zero_outside(pessimistic, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
+    weight = exp_linear_above(mean_log, LOG_RATIO_LINEAR_ABOVE)  # (B,) geometric mean of the clipped ratios
+    per_seq = -advantages * weight  # (B,)
+    valid = has_tokens.to(per_seq.dtype)
+    count = denominator if denominator is not None else valid.sum()
+    loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
+    ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE).detach()  # (B, T) token ratios, for the stats
+    a_tok = a.expand(B, T)
+    stats = _ratio_stats(ratio, a_tok, mask, PPO_BAND, PPO_BAND)
+    with torch.no_grad():
+        valid_t, n = mask > 0, (mask > 0).sum().clamp(min=1)
+        frac_low = float(((log_ratio < -eps_low) & (a_tok < 0) & valid_t).sum() / n)
+        frac_high = float(((log_ratio > eps_high) & (a_tok > 0) & valid_t).sum() / n)
+    return loss, {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": frac_low,
+                  "clip_frac_high": frac_high, "clip_frac": frac_low + frac_high}
 
 
 def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> dict:

@@ -296,7 +296,8 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
         pg_loss, st = losses.policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
                                          eps_low=cfg.eps_low, eps_high=cfg.eps_high, level=cfg.level, agg=cfg.agg,
                                          dual_clip=cfg.dual_clip, max_tokens=cfg.max_new_tokens,
-                                         denominator=denominator)
+                                         denominator=denominator, loss_mode=cfg.loss_mode,
+                                         cispo_form=cfg.cispo_form, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
         kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
         value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
         loss = pg_loss + beta * kl_loss + value_loss  # the whole objective

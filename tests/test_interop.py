@@ -66,7 +66,11 @@ def grpo_trainer(model, tok, cfg, tmp_path, **trl_args):
     args = interop.to_trl(cfg, output_dir=str(tmp_path), report_to="none", use_cpu=True, logging_steps=1,
                           **trl_args)
     data = datasets.Dataset.from_dict({"prompt": PROMPTS})
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=lambda prompts, completions, **_: [0.0] * len(prompts),
+    if cfg.loss_mode == "gmpo":
+        from trl.experimental.gmpo import GMPOTrainer as Trainer
+    else:
+        Trainer = trl.GRPOTrainer
+    trainer = Trainer(model=model, reward_funcs=lambda prompts, completions, **_: [0.0] * len(prompts),
                               args=args, train_dataset=data, processing_class=tok)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = args.gradient_accumulation_steps
@@ -127,12 +131,14 @@ PRESETS = {  # the preset, with the sizes of this test: one minibatch per rollou
     "grpo": {}, "dr_grpo": {}, "gspo": {}, "gspo_token": {},
     "dapo": {"dynamic_sampling": False, "overlong_shaping": False},  # TRL lacks the first; the second is a reward
     "grpo_dual_clip": {"dual_clip": 1.5},  # TRL's delta: the ratios of this rollout reach 3, so it bites
+    "cispo": {}, "sapo": {}, "gmpo": {},
+    "cispo_cap": {"eps_high": 0.5},  # TRL's epsilon_high = 1.5: the cap bites on this rollout (tested below)
 }
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_loss_and_gradient_match_trl(name, tok, base_model, rollout_batch, tmp_path):
-    algo = name.removesuffix("_dual_clip")
+    algo = name.removesuffix("_dual_clip").removesuffix("_cap")
     cfg = make_config(algo, prompts_per_step=2, group_size=G, num_minibatches=1, num_iterations=3,
                       max_new_tokens=16, max_grad_norm=1e9, progress=False, **PRESETS[name])
     results = run_both(cfg, tok, base_model, rollout_batch, tmp_path)
@@ -152,6 +158,67 @@ def test_dual_clip_is_exercised(tok, base_model, rollout_batch, tmp_path):
     plain = run_both(make_config("grpo", **kw), tok, base_model, rollout_batch, tmp_path)
     dual = run_both(make_config("grpo", dual_clip=1.5, **kw), tok, base_model, rollout_batch, tmp_path)
     assert max(abs(p[1] - d[1]) for p, d in zip(plain, dual, strict=True)) > 1e-3
+
+
+def test_new_losses_are_exercised_outside_the_band(tok, base_model, rollout_batch, tmp_path):
+    """The cispo / sapo / gmpo cases above are not vacuous: over the 3 steps ratios leave PPO's band, the CISPO cap
+    1.5 and GMPO's log-space clip bite, and the losses differ from GRPO's clipped loss on the same rollout."""
+    kw = dict(prompts_per_step=2, group_size=G, num_minibatches=1, num_iterations=3, max_new_tokens=16,
+              max_grad_norm=1e9, progress=False, beta=0.0)
+    mb_stats = []
+    for algo, extra in (("cispo", {"eps_high": 0.5}), ("gmpo", {})):
+        c = make_config(algo, **kw, **extra)
+        m = copy.deepcopy(base_model)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-2)
+        P = rollout_batch["prompt_ids"].shape[1]
+        ids = torch.cat([rollout_batch["prompt_ids"], rollout_batch["completion_ids"]], 1)
+        att = torch.cat([rollout_batch["prompt_mask"], rollout_batch["mask"].long()], 1)
+        with torch.no_grad():
+            old = rollout.token_logprobs(m, ids, att, P) * rollout_batch["mask"]
+        mb = rl.RLBatch(input_ids=ids, attention_mask=att, completion_mask=rollout_batch["mask"],
+                        loss_mask=rollout_batch["mask"], old_logprobs=old, advantages=group_advantages(REWARDS, G),
+                        ref_logprobs=None, n_prompt_tokens=P)
+        mb_stats.append([rl.update_minibatch(m, opt, mb, c, beta=0.0) for _ in range(3)])
+    last = mb_stats[0][-1]
+    assert last["ratio_max"] > 1.5 or last["ratio_min"] < 0.5  # ratios well outside PPO's [0.8, 1.2]
+    assert max(s["ppo_clip_frac"] for s in mb_stats[0]) > 0.05  # tokens PPO would have zeroed
+    assert max(s["clip_frac"] for s in mb_stats[0]) > 0  # CISPO weights capped at 1.5
+    assert max(s["clip_frac"] for s in mb_stats[1]) > 0  # GMPO tokens clipped in log space
+    grpo = run_both(make_config("grpo", **kw), tok, base_model, rollout_batch, tmp_path)
+    for algo in ("cispo", "sapo", "gmpo"):
+        other = run_both(make_config(algo, **kw), tok, base_model, rollout_batch, tmp_path)
+        assert max(abs(g[1] - o[1]) for g, o in zip(grpo, other, strict=True)) > 1e-3, algo
+
+
+def test_cispo_cap_translation_and_what_trl_lacks():
+    """minirl's cap 1 + eps_high is TRL's absolute epsilon_high; TRL has no two-sided CISPO."""
+    assert interop.trl_kwargs(make_config("cispo"))["epsilon_high"] == 5.0  # 1 + 4.0
+    assert interop.trl_kwargs(make_config("cispo", eps_high=0.28))["epsilon_high"] == pytest.approx(1.28)
+    with pytest.raises(NotImplementedError, match="cispo_form='two-sided'"):
+        interop.trl_kwargs(make_config("cispo", cispo_form="two-sided"))
+    with pytest.raises(NotImplementedError, match="loss_mode='sapo' with agg='token-mean'"):
+        interop.trl_kwargs(make_config("sapo", agg="token-mean"))
+    s = interop.trl_kwargs(make_config("sapo"))
+    assert (s["loss_type"], s["sapo_temperature_pos"], s["sapo_temperature_neg"]) == ("sapo", 1.0, 1.05)
+    g = interop.to_trl(make_config("gmpo"), output_dir="/tmp/unused", report_to="none", use_cpu=True)
+    assert type(g).__name__ == "GMPOConfig" and (g.epsilon, g.epsilon_high) == (0.4, 0.4)
+
+
+def test_verl_new_losses_by_hand():
+    """verl's names (the same in v0.7.0 and main's 0.8.0.dev): cispo (one-sided as clip_ratio_low=1.0), sapo with
+    tau_pos / tau_neg, geo_mean for GMPO."""
+    cispo = interop.to_verl(make_config("cispo")).split()
+    assert {"actor_rollout_ref.actor.policy_loss.loss_mode=cispo", "actor_rollout_ref.actor.clip_ratio_low=1.0",
+            "actor_rollout_ref.actor.clip_ratio_high=4.0"} <= set(cispo)
+    two = interop.to_verl(make_config("cispo", cispo_form="two-sided", eps_high=0.28)).split()
+    assert {"actor_rollout_ref.actor.clip_ratio_low=0.2", "actor_rollout_ref.actor.clip_ratio_high=0.28"} <= set(two)
+    sapo = interop.to_verl(make_config("sapo")).split()
+    assert {"actor_rollout_ref.actor.policy_loss.loss_mode=sapo", "actor_rollout_ref.actor.tau_pos=1.0",
+            "actor_rollout_ref.actor.tau_neg=1.05"} <= set(sapo)
+    gmpo = interop.to_verl(make_config("gmpo")).split()
+    assert "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean" in gmpo
+    with pytest.raises(NotImplementedError, match="sapo"):
+        interop.to_verl(make_config("sapo", agg="token-mean"))
 
 
 def test_advantages_match_trl_formula():
@@ -429,12 +496,12 @@ VERL_070_KEYS = {
     "actor_rollout_ref.actor.kl_loss_type", "algorithm.filter_groups.enable", "algorithm.filter_groups.metric",
     "algorithm.filter_groups.max_num_gen_batches", "reward_model.reward_manager",
     "reward_model.overlong_buffer.enable", "reward_model.overlong_buffer.len",
-    "reward_model.overlong_buffer.penalty_factor",
+    "reward_model.overlong_buffer.penalty_factor", "actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.tau_neg",
 }
 
 
 # paper-index: interop.verl_overrides
-@pytest.mark.parametrize("algo", ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token"])
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "dr_grpo", "dapo", "gspo", "gspo_token", "cispo", "sapo", "gmpo"])
 def test_verl_overrides_use_verl_070_names(algo):
     overrides = interop.verl_overrides(make_config(algo))
     assert {o.split("=", 1)[0] for o in overrides} <= VERL_070_KEYS
