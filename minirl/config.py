@@ -93,8 +93,10 @@ class RLConfig:
     num_minibatches: int = 2  # optimiser steps per epoch (split by groups); > 1 makes later ratios differ from 1
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: the minibatch
     # --- advantages
-    advantage: str = "group"  # "group" (GRPO family) or "gae" (PPO, needs the critic)
-    adv_scale: str = "group"  # group advantages: "group" std, "batch" std, or "none" (Dr. GRPO)
+    advantage: str = "group"  # "group" (GRPO family, scaled by adv_scale), "rloo" (leave-one-out), "reinforce_pp"
+    # (batch normalisation), "reinforce_pp_baseline" (group mean, then batch normalisation) or "gae" (PPO, critic)
+    adv_scale: str = "group"  # for advantage="group": "group" std, "batch" std, or "none" (Dr. GRPO); the other
+    # outcome estimators carry their own scaling and need "none"
     adv_eps: float = 1e-4
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the batch
     gamma: float = 1.0  # PPO discount
@@ -133,8 +135,14 @@ class RLConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the field for any invalid setting."""
-        choice("advantage", self.advantage, ("group", "gae"))
+        choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
         choice("adv_scale", self.adv_scale, advantages.SCALES)
+        if self.advantage in advantages.ESTIMATORS and self.adv_scale != "none":
+            raise ValueError(f"adv_scale={self.adv_scale!r} applies to advantage='group' only; "
+                             f"advantage={self.advantage!r} has its own scaling: set adv_scale='none'")
+        if self.advantage in advantages.ESTIMATORS and self.beta > 0 and self.kl_placement == "reward":
+            raise ValueError(f"kl_placement='reward' is implemented for advantage='group' and 'gae' (the KL "
+                             f"penalty-to-go), not for {self.advantage!r}: use kl_placement='loss' or beta=0")
         choice("level", self.level, losses.LEVELS)
         choice("agg", self.agg, losses.AGGREGATIONS)
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
@@ -143,8 +151,8 @@ class RLConfig:
                      "num_minibatches", "max_gen_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.advantage == "group" and self.group_size < 2:
-            raise ValueError(f"group advantages need group_size >= 2, got {self.group_size}")
+        if self.advantage in ("group", "rloo", "reinforce_pp_baseline") and self.group_size < 2:
+            raise ValueError(f"advantage={self.advantage!r} needs group_size >= 2, got {self.group_size}")
         if self.prompts_per_step % self.num_minibatches:
             raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by "
                              f"num_minibatches={self.num_minibatches} (minibatches split the rollout by groups)")
@@ -184,6 +192,16 @@ ALGORITHMS: dict[str, dict] = {
     # GSPO-token, Zheng et al. 2025, eq. 13: GSPO's value and gradient for per-sequence advantages
     "gspo_token": dict(advantage="group", adv_scale="group", level="sequence-token", agg="seq-mean-token-mean",
                        eps_low=3e-4, eps_high=4e-4, beta=0.0),
+    # RLOO, Ahmadian et al. 2024 (after Kool et al. 2019): leave-one-out baseline, no std; the completion is one
+    # action (seq-mean-token-sum: -A_i * sum_t log pi), one optimiser step per rollout, so the ratio stays 1 and
+    # the clip never acts: plain REINFORCE. The paper's KL penalty sits in the reward; here it is off (beta 0)
+    "rloo": dict(advantage="rloo", adv_scale="none", agg="seq-mean-token-sum", num_minibatches=1, beta=0.0),
+    # REINFORCE++, Hu et al. 2025: global batch normalisation of the rewards, no group baseline, PPO's token clip
+    "reinforce_pp": dict(advantage="reinforce_pp", adv_scale="none", agg="token-mean", eps_low=0.2, eps_high=0.2,
+                         beta=0.0),
+    # REINFORCE++ w/ baseline, Hu et al. 2025: group mean subtracted, then batch normalisation
+    "reinforce_pp_baseline": dict(advantage="reinforce_pp_baseline", adv_scale="none", agg="token-mean",
+                                  eps_low=0.2, eps_high=0.2, beta=0.0),
 }
 
 #: Where a reader finds each preset in the engines minirl readers move to: the TRL 1.16 GRPOConfig arguments and the
@@ -194,8 +212,9 @@ ENGINE_EQUIVALENTS: dict[str, dict[str, str]] = {
     'ppo': {'trl': "not in TRL 1.16's GRPOTrainer: advantage='gae': GRPOTrainer has no critic or GAE; TRL's "
                    'PPOTrainer (trl.experimental.ppo) is a different loop, not mapped here',
             'verl': 'algorithm.adv_estimator=gae algorithm.gamma=1.0 algorithm.lam=0.95 '
-                    'actor_rollout_ref.actor.policy_loss.loss_mode=vanilla actor_rollout_ref.actor.clip_ratio_low=0.2 '
-                    'actor_rollout_ref.actor.clip_ratio_high=0.2 actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
+                    'actor_rollout_ref.actor.policy_loss.loss_mode=vanilla '
+                    'actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.2 '
+                    'actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
                     'actor_rollout_ref.actor.loss_agg_mode=token-mean actor_rollout_ref.actor.use_kl_loss=False '
                     'algorithm.use_kl_in_reward=True algorithm.kl_penalty=k1 algorithm.kl_ctrl.kl_coef=0.05 '
                     'algorithm.kl_ctrl.type=fixed'},
@@ -220,9 +239,9 @@ ENGINE_EQUIVALENTS: dict[str, dict[str, str]] = {
                         'actor_rollout_ref.actor.loss_scale_factor=40 actor_rollout_ref.actor.use_kl_loss=False '
                         'algorithm.use_kl_in_reward=False'},
     'dapo': {'trl': "GRPOConfig(loss_type='dapo', importance_sampling_level='token', epsilon=0.2, epsilon_high=0.28, "
-                    "scale_rewards='group', beta=0.0, use_bias_correction_kl=False, mask_truncated_completions=False) "
-                    '+ reward_funcs [..., trl.rewards.get_soft_overlong_punishment(40, 8)]; no dynamic sampling in '
-                    'TRL',
+                    "scale_rewards='group', beta=0.0, use_bias_correction_kl=False, "
+                    'mask_truncated_completions=False) + reward_funcs [..., '
+                    'trl.rewards.get_soft_overlong_punishment(40, 8)]; no dynamic sampling in TRL',
              'verl': 'algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=True '
                      'actor_rollout_ref.actor.policy_loss.loss_mode=vanilla '
                      'actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.28 '
@@ -250,7 +269,33 @@ ENGINE_EQUIVALENTS: dict[str, dict[str, str]] = {
                            'actor_rollout_ref.actor.clip_ratio_high=0.0004 '
                            'actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
                            'actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean '
-                           'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'}}
+                           'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'},
+    'rloo': {'trl': 'RLOOConfig(epsilon=0.2, epsilon_high=0.2, beta=0.0, normalize_advantages=False, '
+                    'mask_truncated_completions=False)',
+             'verl': 'algorithm.adv_estimator=rloo actor_rollout_ref.actor.policy_loss.loss_mode=vanilla '
+                     'actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.2 '
+                     'actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
+                     'actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum '
+                     'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'},
+    'reinforce_pp': {'trl': "not in TRL 1.16's GRPOTrainer: advantage='reinforce_pp': GRPOTrainer always subtracts "
+                            'the group mean: no batch-mean baseline',
+                     'verl': 'algorithm.adv_estimator=reinforce_plus_plus algorithm.gamma=1.0 '
+                             'actor_rollout_ref.actor.policy_loss.loss_mode=vanilla '
+                             'actor_rollout_ref.actor.clip_ratio_low=0.2 actor_rollout_ref.actor.clip_ratio_high=0.2 '
+                             'actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
+                             'actor_rollout_ref.actor.loss_agg_mode=token-mean '
+                             'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'},
+    'reinforce_pp_baseline': {'trl': "not in TRL 1.16's GRPOTrainer: advantage='reinforce_pp_baseline': "
+                                     "GRPOTrainer's scale_rewards='batch' divides by the std of the raw rewards, not "
+                                     'of the group-centred ones',
+                              'verl': 'algorithm.adv_estimator=reinforce_plus_plus_baseline '
+                                      'actor_rollout_ref.actor.policy_loss.loss_mode=vanilla '
+                                      'actor_rollout_ref.actor.clip_ratio_low=0.2 '
+                                      'actor_rollout_ref.actor.clip_ratio_high=0.2 '
+                                      'actor_rollout_ref.actor.clip_ratio_c=1000000000.0 '
+                                      'actor_rollout_ref.actor.loss_agg_mode=token-mean '
+                                      'actor_rollout_ref.actor.use_kl_loss=False algorithm.use_kl_in_reward=False'},
+}
 
 
 def make_config(algo: str = "grpo", **overrides) -> RLConfig:

@@ -454,3 +454,34 @@ def test_minirl_does_not_import_interop_or_trl():
 
     code = "import sys, minirl; assert 'minirl.interop' not in sys.modules and 'trl' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rloo_maps_to_trls_rlootrainer_on_policy_only():
+    kw = interop.rloo_trl_kwargs(make_config("rloo"))
+    assert (kw["normalize_advantages"], kw["beta"], kw["epsilon"], kw["num_generations"]) == (False, 0.0, 0.2, 8)
+    # 8 prompts x 8 = 64 rows in ONE minibatch: one optimiser step per rollout, 60 rollouts
+    assert (kw["per_device_train_batch_size"], kw["steps_per_generation"], kw["max_steps"]) == (64, 1, 60)
+    cfg = interop.to_trl(make_config("rloo"), output_dir="unused", report_to=[])
+    assert type(cfg).__name__ == "RLOOConfig" and cfg.normalize_advantages is False
+    for overrides, switch in [(dict(num_minibatches=2), "num_minibatches=2"), (dict(num_iterations=2), "num_iter"),
+                              (dict(agg="token-mean"), "agg='token-mean'"), (dict(beta=0.05), "beta=0.05"),
+                              (dict(dual_clip=3.0), "dual_clip")]:
+        with pytest.raises(NotImplementedError, match=switch):
+            interop.to_trl(make_config("rloo", **overrides), output_dir="unused")
+
+
+@pytest.mark.parametrize("algo, reason", [("rloo", "RLOOTrainer has the leave-one-out baseline"),
+                                          ("reinforce_pp", "no batch-mean baseline"),
+                                          ("reinforce_pp_baseline", "std of the raw rewards")])
+def test_grpo_config_refuses_the_estimators_grpotrainer_lacks(algo, reason):
+    with pytest.raises(NotImplementedError, match=reason):
+        interop.trl_kwargs(make_config(algo))
+
+
+@pytest.mark.parametrize("algo, estimator", [("rloo", "rloo"), ("reinforce_pp", "reinforce_plus_plus"),
+                                             ("reinforce_pp_baseline", "reinforce_plus_plus_baseline")])
+def test_verl_names_the_same_estimators(algo, estimator):
+    overrides = interop.verl_overrides(make_config(algo))
+    assert {o.split("=", 1)[0] for o in overrides} <= VERL_070_KEYS
+    assert f"algorithm.adv_estimator={estimator}" in overrides
+    assert not any(o.startswith("algorithm.norm_adv_by_std_in_grpo") for o in overrides)  # a GRPO-only switch
