@@ -1,13 +1,23 @@
 """minirl: a small, readable reference implementation of RL for language models.
 
-The math (copyable, torch only): advantages, losses, kl, rewards, sampling, preference (+ kl_toy, preference_toy).
+The math (copyable, torch only): advantages, losses, kl, rewards, sampling, preference (+ kl_toy, pg_toy,
+preference_toy).
 The model side: tasks, tokenizer, models, rollout, moe. The loops, one stage per file: config, warm_start, rl,
 preference_loop, preference_data, evaluation, history, plots, bench. The names below are the public API
 (README.md describes it); the warm start is
 ``minirl.warm_start.warm_start`` (not re-exported: the module keeps its name).
 """
 
-from .advantages import explained_variance, gae, group_advantages, group_advantages_to_go, whiten
+from .advantages import (
+    explained_variance,
+    gae,
+    group_advantages,
+    group_advantages_to_go,
+    reinforce_pp_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+    whiten,
+)
 from .config import ALGORITHMS, PROFILES, RLConfig, make_config, resolve_profile, set_seed
 from .evaluation import evaluate, fresh_sample_kl, memory_held
 from .history import History
@@ -33,7 +43,8 @@ from .sampling import dynamic_sampling, has_signal
 from .tasks import running_sums_reward
 
 __all__ = [
-    "explained_variance", "gae", "group_advantages", "group_advantages_to_go", "whiten", "ALGORITHMS", "PROFILES",
+    "explained_variance", "gae", "group_advantages", "group_advantages_to_go", "reinforce_pp_advantages",
+    "reinforce_pp_baseline_advantages", "rloo_advantages", "whiten", "ALGORITHMS", "PROFILES",
     "RLConfig", "make_config", "resolve_profile", "set_seed", "evaluate", "fresh_sample_kl", "memory_held",
     "History", "k1", "k2", "k3", "kl_in_loss", "kl_in_reward", "aggregate", "gspo_loss", "gspo_token_loss",
     "policy_loss", "token_clip_loss", "cispo_loss", "sapo_loss", "gmpo_loss", "value_loss", "record_routing",

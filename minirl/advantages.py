@@ -1,4 +1,5 @@
-"""Advantages: group-relative (GRPO, Dr. GRPO), GAE with a critic (PPO), and masked whitening."""
+"""Advantages: group-relative (GRPO, Dr. GRPO), leave-one-out (RLOO), batch-normalised (REINFORCE++ and its
+group-baseline form), GAE with a critic (PPO), and masked whitening."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from torch import Tensor
 from .checks import choice, ndim, prefix_mask, same_shape, zero_outside
 
 SCALES = ("group", "batch", "none")
+#: The outcome-reward estimators besides ``group_advantages`` (RLConfig.advantage names them).
+ESTIMATORS = ("rloo", "reinforce_pp", "reinforce_pp_baseline")
 
 
 def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4) -> Tensor:
@@ -53,6 +56,122 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
         std = rewards.float().std() if rewards.numel() > 1 else rewards.new_zeros(())
         centred = centred / torch.where(equal, 1.0, std + eps)
     return centred.view(-1)
+
+
+def _finite_rewards(rewards: Tensor) -> None:
+    ndim("rewards", rewards, 1, "(B,)")
+    if not torch.isfinite(rewards).all():
+        bad = int((~torch.isfinite(rewards)).nonzero()[0])
+        raise ValueError(f"rewards must be finite; entry {bad} is {rewards[bad].item()}")
+
+
+def _groups(rewards: Tensor, group_size: int, who: str) -> None:
+    if group_size < 2:
+        raise ValueError(f"{who} needs group_size >= 2 (a group of one has no other sample to compare with), "
+                         f"got {group_size}")
+    if rewards.numel() % group_size != 0:
+        raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+
+
+def rloo_advantages(rewards: Tensor, *, group_size: int) -> Tensor:
+    """REINFORCE Leave-One-Out: each reward minus the mean of the OTHER G - 1 rewards of its group.
+
+    A_i = r_i - 1/(G-1) sum_{j != i} r_j = G/(G-1) (r_i - mean(r_group)). The baseline of sample i does not
+    depend on sample i, so E[A_i grad log pi(y_i)] is exactly the policy gradient (no bias): GRPO's group mean
+    includes r_i itself, which shrinks the expected gradient by (G-1)/G (notebook 01_policy_gradient enumerates
+    it). No std division. A group whose rewards are all equal gets exactly 0.
+
+    Example: rewards [1, 0, 0, 0], G = 4: A_0 = 1 - (0+0+0)/3 = 1; A_1 = 0 - (1+0+0)/3 = -1/3;
+    A = [1, -1/3, -1/3, -1/3] (= 4/3 * [0.75, -0.25, -0.25, -0.25]).
+
+    Args:
+        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt).
+        group_size: G >= 2.
+
+    Returns:
+        (B,) advantages, float, in reward units; they sum to 0 within each group.
+
+    Raises:
+        ValueError: if rewards is not 1-D or not finite, group_size < 2, or B is not a multiple of group_size.
+
+    Source: Kool, van Hoof & Welling 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (the leave-one-out
+    baseline); Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization" (RLOO for LLMs,
+    arXiv 2402.14740), section 3.
+    """
+    _finite_rewards(rewards)
+    _groups(rewards, group_size, "RLOO")
+    centred = group_advantages(rewards, group_size=group_size, scale="none")  # (B,) r_i - mean, equal groups exactly 0
+    return centred * (group_size / (group_size - 1))
+
+
+def reinforce_pp_advantages(rewards: Tensor, *, eps: float = 1e-4) -> Tensor:
+    """REINFORCE++: the rewards normalised over the whole batch (global advantage normalisation), no group.
+
+    A_i = (r_i - mean_B(r)) / (std_B(r) + eps), mean and unbiased std (ddof=1) over all B sequences of the batch,
+    each sequence counted once. No prompt groups are needed (it works with one sample per prompt); with several,
+    it ignores them, so a group whose rewards are all equal still gets a non-zero advantage when the batch mean
+    differs. A batch whose rewards are all equal gets exactly 0.
+
+    Example: rewards [1, 0, 0, 0]: mean 0.25, std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5;
+    A = [0.75, -0.25, -0.25, -0.25] / 0.5001 = [1.4997, -0.4999, -0.4999, -0.4999].
+
+    Args:
+        rewards: (B,) scalar rewards of the whole batch.
+        eps: added to the std (>= 0).
+
+    Returns:
+        (B,) advantages, float, zero mean over the batch.
+
+    Raises:
+        ValueError: if rewards is not 1-D or not finite, or eps < 0.
+
+    Source: Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Advantage
+    Normalization" (arXiv 2501.03262), section on global advantage normalisation (REINFORCE++, k >= 1).
+    """
+    _finite_rewards(rewards)
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    r = rewards.float()
+    if (r == r[:1]).all():  # no signal in the batch (also a batch of one): exactly 0, never 0 / 0
+        return torch.zeros_like(r)
+    return (r - r.mean()) / (r.std() + eps)
+
+
+def reinforce_pp_baseline_advantages(rewards: Tensor, *, group_size: int, eps: float = 1e-4) -> Tensor:
+    """REINFORCE++ with a group baseline: subtract each group's mean, then normalise over the whole batch.
+
+    A_i = c_i / (std_B(c) + eps) with c_i = r_i - mean(r_group), std_B the unbiased std (ddof=1) of the centred
+    values over all B sequences. The batch mean of c is exactly 0, so it is not subtracted again: a group whose
+    rewards are all equal keeps exactly 0. It differs from GRPO's scale="batch" (TRL's scale_rewards="batch"),
+    which divides by the std of the raw rewards r, not of the centred c.
+
+    Example: rewards [1, 0, 0, 0, 1, 1, 1, 1], G = 4: c = [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0];
+    std_B(c) = sqrt((0.5625 + 3 * 0.0625) / 7) = sqrt(0.75 / 7) = 0.32733; A = c / 0.32743 =
+    [2.2906, -0.7635, -0.7635, -0.7635, 0, 0, 0, 0].
+
+    Args:
+        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt).
+        group_size: G >= 2.
+        eps: added to the std (>= 0).
+
+    Returns:
+        (B,) advantages, float; they sum to 0 within each group.
+
+    Raises:
+        ValueError: if rewards is not 1-D or not finite, group_size < 2, B is not a multiple of group_size, or
+            eps < 0.
+
+    Source: Hu et al. 2025, "REINFORCE++" (arXiv 2501.03262), the REINFORCE++ w/ baseline variant (k > 1); verl's
+    adv_estimator=reinforce_plus_plus_baseline.
+    """
+    _finite_rewards(rewards)
+    _groups(rewards, group_size, "REINFORCE++-baseline")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    centred = group_advantages(rewards, group_size=group_size, scale="none")  # (B,), equal groups exactly 0
+    if not centred.any():  # every group equal: no signal anywhere, and no 0 / 0
+        return centred
+    return centred / (centred.std() + eps)
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 0.95

@@ -93,8 +93,10 @@ class RLConfig:
     num_minibatches: int = 2  # optimiser steps per epoch (split by groups); > 1 makes later ratios differ from 1
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: the minibatch
     # --- advantages
-    advantage: str = "group"  # "group" (GRPO family) or "gae" (PPO, needs the critic)
-    adv_scale: str = "group"  # group advantages: "group" std, "batch" std, or "none" (Dr. GRPO)
+    advantage: str = "group"  # "group" (GRPO family, scaled by adv_scale), "rloo" (leave-one-out), "reinforce_pp"
+    # (batch normalisation), "reinforce_pp_baseline" (group mean, then batch normalisation) or "gae" (PPO, critic)
+    adv_scale: str = "group"  # for advantage="group": "group" std, "batch" std, or "none" (Dr. GRPO); the other
+    # outcome estimators carry their own scaling and need "none"
     adv_eps: float = 1e-4
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the batch
     gamma: float = 1.0  # PPO discount
@@ -137,8 +139,14 @@ class RLConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the field for any invalid setting."""
-        choice("advantage", self.advantage, ("group", "gae"))
+        choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
         choice("adv_scale", self.adv_scale, advantages.SCALES)
+        if self.advantage in advantages.ESTIMATORS and self.adv_scale != "none":
+            raise ValueError(f"adv_scale={self.adv_scale!r} applies to advantage='group' only; "
+                             f"advantage={self.advantage!r} has its own scaling: set adv_scale='none'")
+        if self.advantage in advantages.ESTIMATORS and self.beta > 0 and self.kl_placement == "reward":
+            raise ValueError(f"kl_placement='reward' is implemented for advantage='group' and 'gae' (the KL "
+                             f"penalty-to-go), not for {self.advantage!r}: use kl_placement='loss' or beta=0")
         choice("level", self.level, losses.LEVELS)
         choice("agg", self.agg, losses.AGGREGATIONS)
         choice("loss_mode", self.loss_mode, losses.LOSS_MODES)
@@ -149,8 +157,8 @@ class RLConfig:
                      "num_minibatches", "max_gen_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.advantage == "group" and self.group_size < 2:
-            raise ValueError(f"group advantages need group_size >= 2, got {self.group_size}")
+        if self.advantage in ("group", "rloo", "reinforce_pp_baseline") and self.group_size < 2:
+            raise ValueError(f"advantage={self.advantage!r} needs group_size >= 2, got {self.group_size}")
         if self.prompts_per_step % self.num_minibatches:
             raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by "
                              f"num_minibatches={self.num_minibatches} (minibatches split the rollout by groups)")
@@ -216,7 +224,18 @@ ALGORITHMS: dict[str, dict] = {
     # (e^-0.4, e^0.4), one term per sequence; no KL
     "gmpo": dict(advantage="group", adv_scale="group", loss_mode="gmpo", agg="seq-mean-token-mean", eps_low=0.4,
                  eps_high=0.4, beta=0.0),
+    # RLOO, Ahmadian et al. 2024 (after Kool et al. 2019): leave-one-out baseline, no std; the completion is one
+    # action (seq-mean-token-sum: -A_i * sum_t log pi), one optimiser step per rollout, so the ratio stays 1 and
+    # the clip never acts: plain REINFORCE. The paper's KL penalty sits in the reward; here it is off (beta 0)
+    "rloo": dict(advantage="rloo", adv_scale="none", agg="seq-mean-token-sum", num_minibatches=1, beta=0.0),
+    # REINFORCE++, Hu et al. 2025: global batch normalisation of the rewards, no group baseline, PPO's token clip
+    "reinforce_pp": dict(advantage="reinforce_pp", adv_scale="none", agg="token-mean", eps_low=0.2, eps_high=0.2,
+                         beta=0.0),
+    # REINFORCE++ w/ baseline, Hu et al. 2025: group mean subtracted, then batch normalisation
+    "reinforce_pp_baseline": dict(advantage="reinforce_pp_baseline", adv_scale="none", agg="token-mean",
+                                  eps_low=0.2, eps_high=0.2, beta=0.0),
 }
+
 
 def make_config(algo: str = "grpo", **overrides) -> RLConfig:
     """An ``RLConfig`` for a preset of ``ALGORITHMS``, with any field overridden.

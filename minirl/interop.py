@@ -45,6 +45,12 @@ _TRL_LOSS_TYPE = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean
 #: The RLConfig switches ``to_trl`` may be told to leave out (``without=``), because the caller knows TRL lacks them.
 DROPPABLE = ("dynamic_sampling", "overlong_shaping")
 _TRL_ADV_EPS = 1e-4  # TRL 1.16 divides by (std + 1e-4), a constant
+#: The outcome estimators GRPOTrainer cannot compute, and why (its baseline is always the group mean).
+_TRL_GRPO_LACKS = {"rloo": "GRPOTrainer's group mean includes the sample itself; TRL's RLOOTrainer has the "
+                           "leave-one-out baseline (to_trl maps advantage='rloo' there, see rloo_trl_kwargs)",
+                   "reinforce_pp": "GRPOTrainer always subtracts the group mean: no batch-mean baseline",
+                   "reinforce_pp_baseline": "GRPOTrainer's scale_rewards='batch' divides by the std of the raw "
+                                            "rewards, not of the group-centred ones"}
 
 
 def _missing(switch: str, why: str, hint: str = "") -> NotImplementedError:
@@ -98,7 +104,7 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
             dynamic_sampling / overlong_shaping (unless in ``without``), adv_eps other than 1e-4,
             level="sequence-token" with an aggregation other than seq-mean-token-mean, GSPO with another
             aggregation, dual_clip <= 1 + eps_high, two-sided CISPO, CISPO other than token-mean, SAPO other
-            than seq-mean-token-mean.
+            than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline.
         ValueError: for an invalid config, a name in ``without`` that is not droppable, or a micro-batch that does
             not divide the minibatch.
 
@@ -111,6 +117,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
     if cfg.advantage == "gae":
         raise _missing("advantage='gae'", "GRPOTrainer has no critic or GAE",
                        "TRL's PPOTrainer (trl.experimental.ppo) is a different loop, not mapped here")
+    if cfg.advantage in _TRL_GRPO_LACKS:
+        raise _missing(f"advantage={cfg.advantage!r}", _TRL_GRPO_LACKS[cfg.advantage])
     if cfg.beta > 0 and cfg.kl_placement == "reward":
         raise _missing("kl_placement='reward'", "GRPOTrainer puts the KL only in the loss")
     if cfg.beta > 0 and cfg.kl_estimator != "k3":
@@ -149,12 +157,18 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         extra = dict(sapo_temperature_pos=cfg.tau_pos, sapo_temperature_neg=cfg.tau_neg)
     elif cfg.loss_mode == "gmpo":
         loss_type = "grpo"  # GMPOTrainer replaces the loss; epsilon / epsilon_high are its log-space bounds
-    lay = _layout(cfg)
     return dict(
         # the algorithm
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
+        **_trl_common(cfg))
+
+
+def _trl_common(cfg: RLConfig) -> dict:
+    """Sampling, batch layout and optimiser arguments, the same in GRPOConfig and RLOOConfig."""
+    lay = _layout(cfg)
+    return dict(
         # sampling
         num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
         top_k=0, top_p=1.0,
@@ -167,6 +181,41 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", seed=cfg.seed,
         bf16=False,  # float32, as minirl; a real run on GPUs passes bf16=True
     )
+
+
+def rloo_trl_kwargs(cfg: RLConfig) -> dict:
+    """The keyword arguments of ``trl.RLOOConfig`` (TRL 1.16) for an RLConfig with advantage="rloo".
+
+    RLOOTrainer computes the same leave-one-out advantages (normalize_advantages=False) but clips one ratio per
+    sequence, exp(sum_t log-ratio_t), and averages over sequences. minirl has no such ratio; the losses agree in
+    value and gradient on-policy, where every ratio is 1: -1/B sum_i A_i sum_t log pi_t, minirl's
+    agg="seq-mean-token-sum" at level "token". Only that case maps (the ``rloo`` preset); the rest as ``trl_kwargs``.
+
+    Raises:
+        NotImplementedError: naming what RLOOTrainer lacks or does differently: num_iterations or num_minibatches
+            > 1, level other than "token", agg other than "seq-mean-token-sum", beta > 0 (its KL is beta * sum_t k1
+            in the reward), dual_clip, adaptive_kl, routing_replay, dynamic_sampling, overlong_shaping.
+        ValueError: for an invalid config or advantage other than "rloo".
+
+    Source: TRL 1.16 ``trl/trainer/rloo_config.py`` and ``RLOOTrainer._compute_loss``.
+    """
+    cfg.validate()
+    if cfg.advantage != "rloo":
+        raise ValueError(f"rloo_trl_kwargs maps advantage='rloo' only, got {cfg.advantage!r}")
+    if cfg.num_iterations > 1 or cfg.num_minibatches > 1:
+        raise _missing(f"num_iterations={cfg.num_iterations}, num_minibatches={cfg.num_minibatches}", "RLOOTrainer's "
+                       "sequence ratio exp(sum of token log-ratios) equals minirl's loss only on-policy")
+    if cfg.level != "token" or cfg.agg != "seq-mean-token-sum":
+        raise _missing(f"level={cfg.level!r} with agg={cfg.agg!r}", "RLOOTrainer's loss is the mean over "
+                       "sequences of A_i times the summed log-ratio: level='token', agg='seq-mean-token-sum'")
+    if cfg.beta > 0:
+        raise _missing(f"beta={cfg.beta}", "RLOOTrainer puts beta * sum_t k1 in the reward; minirl's rloo takes "
+                       "the KL in the loss only")
+    for switch in ("dual_clip", "adaptive_kl", "routing_replay", "dynamic_sampling", "overlong_shaping"):
+        if getattr(cfg, switch):
+            raise _missing(switch, "not an RLOOTrainer option")
+    return dict(epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, beta=0.0, normalize_advantages=False,
+                mask_truncated_completions=cfg.overlong_filter, **_trl_common(cfg))
 
 
 def trl_reward_funcs(cfg: RLConfig, reward_fn) -> list:
@@ -234,7 +283,8 @@ def pref_trl_kwargs(cfg: PrefConfig) -> tuple[str, dict]:
 def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = (), **trl_args):
     """TRL's config object that runs ``cfg``: a ``trl.GRPOConfig`` for an RLConfig (grpo, dr_grpo, dapo, gspo,
     gspo_token, cispo, sapo and any config whose switches TRL supports; ``trl.experimental.gmpo.GMPOConfig`` for
-    gmpo, run by its GMPOTrainer), a ``trl.DPOConfig`` / ``trl.KTOConfig`` /
+    gmpo, run by its GMPOTrainer; a ``trl.RLOOConfig`` for advantage="rloo", ``rloo_trl_kwargs``), a
+    ``trl.DPOConfig`` / ``trl.KTOConfig`` /
     ``trl.experimental.cpo.CPOConfig`` for a PrefConfig.
 
     Example: ``to_trl(make_config("grpo"), output_dir="runs/trl")`` -> GRPOConfig(loss_type="grpo", beta=0.04,
@@ -255,6 +305,12 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
         ImportError: when TRL is not installed (``pip install -e ".[trl]"``).
         TypeError: for a cfg of another type.
     """
+    if isinstance(cfg, RLConfig) and cfg.advantage == "rloo":
+        if without:
+            raise ValueError("without= does not apply to RLOOConfig")
+        from trl import RLOOConfig
+
+        return RLOOConfig(**{**rloo_trl_kwargs(cfg), **trl_args})
     if isinstance(cfg, RLConfig):
         if cfg.loss_mode == "gmpo":
             from trl.experimental.gmpo import GMPOConfig as Config  # trainer: trl.experimental.gmpo.GMPOTrainer
@@ -277,6 +333,11 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
 
 
 # ------------------------------------------------------------------------------------------------ verl
+#: minirl RLConfig.advantage -> verl's algorithm.adv_estimator.
+_VERL_ESTIMATOR = {"gae": "gae", "group": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus",
+                   "reinforce_pp_baseline": "reinforce_plus_plus_baseline"}
+
+
 def verl_overrides(cfg: RLConfig) -> list[str]:
     """verl 0.7.0 command-line overrides (Hydra ``key=value``) for an RLConfig, one string each.
 
@@ -292,6 +353,8 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     clip_ratio_c=1e9. loss_mode cispo -> "cispo" (one-sided: clip_ratio_low=1.0), sapo -> "sapo" with
     actor.tau_pos / tau_neg, gmpo -> "geo_mean" (clip_ratio_low / high are then its log-space bounds; the loss
     averages over all rows). These names are the same in verl 0.7.0 and the main branch's 0.8.0.dev.
+    advantage rloo is the same estimator; reinforce_plus_plus(_baseline) whiten over the batch's TOKENS
+    (weighted by length, / sqrt(var + 1e-8)), minirl over its sequences (/ (std + adv_eps)): equal for one length.
 
     Raises:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
@@ -320,10 +383,12 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     clip_low = 1.0 if cfg.loss_mode == "cispo" and cfg.cispo_form == "one-sided" else cfg.eps_low
     lay = _layout(cfg)
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    out = [f"algorithm.adv_estimator={'gae' if cfg.advantage == 'gae' else 'grpo'}"]
+    out = [f"algorithm.adv_estimator={_VERL_ESTIMATOR[cfg.advantage]}"]
     if cfg.advantage == "group":
         out.append(f"algorithm.norm_adv_by_std_in_grpo={cfg.adv_scale == 'group'}")
-    else:
+    elif cfg.advantage == "reinforce_pp":
+        out.append("algorithm.gamma=1.0")  # verl's REINFORCE++ sums rewards to go with gamma: 1 is the outcome
+    elif cfg.advantage == "gae":
         out += [f"algorithm.gamma={cfg.gamma}", f"algorithm.lam={cfg.lam}", f"critic.optim.lr={cfg.value_lr}",
                 f"critic.cliprange_value={cfg.value_clip if cfg.value_clip is not None else 1e9}"]
     out += [f"data.train_batch_size={cfg.prompts_per_step}", f"{r}.n={cfg.group_size}",
@@ -382,6 +447,7 @@ def to_verl(cfg: RLConfig) -> str:
 _TRL_ALGO_KEYS = ("loss_type", "importance_sampling_level", "epsilon", "epsilon_high", "delta", "scale_rewards",
                   "sapo_temperature_pos", "sapo_temperature_neg", "beta", "use_bias_correction_kl",
                   "mask_truncated_completions")
+_TRL_RLOO_KEYS = ("epsilon", "epsilon_high", "beta", "normalize_advantages", "mask_truncated_completions")
 _VERL_ALGO_PREFIXES = ("algorithm.", "actor_rollout_ref.actor.policy_loss", "actor_rollout_ref.actor.clip_ratio_",
                        "actor_rollout_ref.actor.tau_",
                        "actor_rollout_ref.actor.loss_", "actor_rollout_ref.actor.use_kl", "actor_rollout_ref.actor.kl_",
@@ -389,7 +455,13 @@ _VERL_ALGO_PREFIXES = ("algorithm.", "actor_rollout_ref.actor.policy_loss", "act
 
 
 def describe_trl(cfg: RLConfig) -> str:
-    """One line: the GRPOConfig arguments that define ``cfg``'s algorithm, or what TRL lacks."""
+    """One line: the GRPOConfig (or RLOOConfig) arguments that define ``cfg``'s algorithm, or what TRL lacks."""
+    if cfg.advantage == "rloo":
+        try:
+            kw = rloo_trl_kwargs(cfg)
+        except NotImplementedError as e:
+            return f"not in TRL {TRL_VERSION}'s RLOOTrainer: {e}"
+        return "RLOOConfig(" + ", ".join(f"{k}={kw[k]!r}" for k in _TRL_RLOO_KEYS) + ")"
     try:
         kw = trl_kwargs(cfg)
         dropped = []

@@ -206,7 +206,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     reward has per-token parts (PPO's GAE, or a KL penalty in the reward); returns and old_values (B, T) for
     PPO's critic, else None.
 
-    Source: GAE, Schulman et al. 2016, eq. 16; GRPO, Shao et al. 2024, section 4.1.2; Dr. GRPO, Liu et al. 2025.
+    Source: GAE, Schulman et al. 2016, eq. 16; GRPO, Shao et al. 2024, section 4.1.2; Dr. GRPO, Liu et al. 2025;
+    RLOO, Ahmadian et al. 2024; REINFORCE++, Hu et al. 2025.
     """
     mask = batch.completion_mask
     kl_in_reward = kl_tokens is not None and beta > 0 and cfg.kl_placement == "reward"
@@ -221,6 +222,13 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     if kl_in_reward:  # group baseline of the outcome, KL penalties summed to go
         return adv.group_advantages_to_go(total_rewards, beta * kl_tokens, mask, cfg.group_size,
                                           scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
+    if cfg.advantage == "rloo":
+        return adv.rloo_advantages(total_rewards, group_size=cfg.group_size), None, None
+    if cfg.advantage == "reinforce_pp":
+        return adv.reinforce_pp_advantages(total_rewards, eps=cfg.adv_eps), None, None
+    if cfg.advantage == "reinforce_pp_baseline":
+        return adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps), \
+            None, None
     return adv.group_advantages(total_rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
 
 

@@ -100,3 +100,85 @@ def test_unknown_scale_is_named():
 def test_rewards_must_be_1d():
     with pytest.raises(ValueError, match="rewards"):
         group_advantages(torch.zeros(2, 4), 4)
+
+
+# --- RLOO, REINFORCE++ and REINFORCE++ with a group baseline ------------------------------------------------------
+# paper-index: advantages.rloo_advantages
+def test_rloo_by_hand():
+    from minirl.advantages import rloo_advantages
+
+    # A_i = r_i - mean of the other three: 1 - (0+0+0)/3 = 1; 0 - (1+0+0)/3 = -1/3
+    a = rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), group_size=4)
+    close(a, [1.0, -1 / 3, -1 / 3, -1 / 3])
+    # graded rewards [2, 0, 1]: 2 - (0+1)/2 = 1.5; 0 - (2+1)/2 = -1.5; 1 - (2+0)/2 = 0
+    close(rloo_advantages(torch.tensor([2.0, 0.0, 1.0]), group_size=3), [1.5, -1.5, 0.0])
+    # = G/(G-1) times the group-centred rewards (Dr. GRPO's advantages)
+    r = torch.tensor([0.3, 1.0, 0.0, 0.7, 0.2, 0.2])
+    close(rloo_advantages(r, group_size=3), 1.5 * group_advantages(r, group_size=3, scale="none"))
+
+
+# paper-index: advantages.reinforce_pp_advantages
+def test_reinforce_pp_by_hand():
+    from minirl.advantages import reinforce_pp_advantages
+
+    # batch mean 0.25, unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5; / (0.5 + 1e-4) = 0.5001
+    close(reinforce_pp_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0]), eps=1e-4), [1.4997, -0.4999, -0.4999, -0.4999])
+    # no groups: [1, 1 | 0, 0] (two equal "groups") still gets +-: mean 0.5, std sqrt(4 * 0.25 / 3) = 0.57735
+    close(reinforce_pp_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), eps=0.0), [0.8660, 0.8660, -0.8660, -0.8660])
+
+
+# paper-index: advantages.reinforce_pp_baseline_advantages
+def test_reinforce_pp_baseline_by_hand():
+    from minirl.advantages import reinforce_pp_baseline_advantages
+
+    # c = [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0]; std_B(c) = sqrt((0.5625 + 3 * 0.0625) / 7) = 0.32733 (+ 1e-4)
+    a = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1]), group_size=4, eps=1e-4)
+    close(a, [0.75 / 0.32743, -0.25 / 0.32743, -0.25 / 0.32743, -0.25 / 0.32743, 0, 0, 0, 0])
+    assert torch.equal(a[4:], torch.zeros(4))  # the equal group keeps exactly 0
+    # not GRPO's scale="batch" (TRL's scale_rewards="batch"): that divides by the std of the RAW rewards,
+    # sqrt((3 * 0.390625 + 5 * 0.140625) / 7) = 0.51755 here
+    grpo_batch = group_advantages(torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1]), 4, scale="batch", eps=1e-4)
+    close(grpo_batch[:1], [0.75 / 0.51765])
+
+
+@pytest.mark.parametrize("eps", [1e-4, 0.0])
+def test_new_estimators_give_exact_zeros_where_there_is_no_signal(eps):
+    from minirl.advantages import reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages
+
+    equal = torch.full((8,), 0.1)  # 0.1 is not exact in binary: a naive mean leaves round-off
+    assert torch.equal(rloo_advantages(equal, group_size=4), torch.zeros(8))
+    assert torch.equal(reinforce_pp_advantages(equal, eps=eps), torch.zeros(8))
+    assert torch.equal(reinforce_pp_baseline_advantages(equal, group_size=4, eps=eps), torch.zeros(8))
+    assert torch.equal(reinforce_pp_advantages(torch.tensor([3.0]), eps=eps), torch.zeros(1))  # a batch of one
+    # an equal group beside a mixed one: 0 under RLOO and the group-baseline form, not under plain REINFORCE++
+    mixed = torch.tensor([1.0, 0.0, 0.1, 0.1])
+    assert torch.equal(rloo_advantages(mixed, group_size=2)[2:], torch.zeros(2))
+    assert torch.equal(reinforce_pp_baseline_advantages(mixed, group_size=2, eps=eps)[2:], torch.zeros(2))
+    assert (reinforce_pp_advantages(mixed, eps=eps)[2:] != 0).all()
+
+
+def test_new_estimators_reject_bad_input_by_name():
+    from minirl.advantages import reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages
+
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        rloo_advantages(torch.ones(4), group_size=1)
+    with pytest.raises(ValueError, match="group_size >= 2"):
+        reinforce_pp_baseline_advantages(torch.ones(4), group_size=1)
+    with pytest.raises(ValueError, match="not a multiple of group_size=4"):
+        rloo_advantages(torch.ones(6), group_size=4)
+    with pytest.raises(ValueError, match="not a multiple of group_size=4"):
+        reinforce_pp_baseline_advantages(torch.ones(6), group_size=4)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        r = torch.tensor([1.0, 0.0, bad, 0.0])
+        with pytest.raises(ValueError, match="rewards must be finite; entry 2"):
+            rloo_advantages(r, group_size=2)
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            reinforce_pp_advantages(r)
+        with pytest.raises(ValueError, match="rewards must be finite"):
+            reinforce_pp_baseline_advantages(r, group_size=2)
+    with pytest.raises(ValueError, match=r"rewards must have shape \(B,\)"):
+        rloo_advantages(torch.ones(2, 2), group_size=2)
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        reinforce_pp_advantages(torch.ones(2), eps=-1.0)
+    with pytest.raises(TypeError):  # settings are keyword-only
+        rloo_advantages(torch.ones(4), 2)

@@ -473,7 +473,8 @@ def test_engine_equivalents_name_every_preset_in_both_engines():
     table = interop.engine_equivalents()
     assert list(table) == list(ALGORITHMS)
     for name, row in table.items():
-        assert row["trl"].startswith(("GRPOConfig(", "not in TRL")), (name, row["trl"])
+        assert row["trl"].startswith(("GRPOConfig(", "RLOOConfig(", "trl.experimental.gmpo.GMPOConfig(", "not in TRL")), \
+            (name, row["trl"])
         assert row["verl"].startswith(("algorithm.adv_estimator=", "not mapped to verl")), (name, row["verl"])
     assert table["grpo"]["trl"].startswith("GRPOConfig(loss_type='grpo'") and "not in TRL" in table["ppo"]["trl"]
 
@@ -538,3 +539,33 @@ def test_pref_trl_kwargs_names_the_trainer_and_the_loss_settings():
     assert (trainer, kw["desirable_weight"], kw["undesirable_weight"]) == ("KTOTrainer", 1.0, 1.5)
     trainer, kw = interop.pref_trl_kwargs(PrefConfig(method="simpo", gamma=0.5))
     assert (trainer, kw["loss_type"], kw["simpo_gamma"], kw["cpo_alpha"]) == ("CPOTrainer", "simpo", 0.5, 0.0)
+# paper-index: interop.rloo_trl_kwargs
+def test_rloo_maps_to_trls_rlootrainer_on_policy_only():
+    kw = interop.rloo_trl_kwargs(make_config("rloo"))
+    assert (kw["normalize_advantages"], kw["beta"], kw["epsilon"], kw["num_generations"]) == (False, 0.0, 0.2, 8)
+    # 8 prompts x 8 = 64 rows in ONE minibatch: one optimiser step per rollout, 60 rollouts
+    assert (kw["per_device_train_batch_size"], kw["steps_per_generation"], kw["max_steps"]) == (64, 1, 60)
+    cfg = interop.to_trl(make_config("rloo"), output_dir="unused", report_to=[])
+    assert type(cfg).__name__ == "RLOOConfig" and cfg.normalize_advantages is False
+    for overrides, switch in [(dict(num_minibatches=2), "num_minibatches=2"), (dict(num_iterations=2), "num_iter"),
+                              (dict(agg="token-mean"), "agg='token-mean'"), (dict(beta=0.05), "beta=0.05"),
+                              (dict(dual_clip=3.0), "dual_clip")]:
+        with pytest.raises(NotImplementedError, match=switch):
+            interop.to_trl(make_config("rloo", **overrides), output_dir="unused")
+
+
+@pytest.mark.parametrize("algo, reason", [("rloo", "RLOOTrainer has the leave-one-out baseline"),
+                                          ("reinforce_pp", "no batch-mean baseline"),
+                                          ("reinforce_pp_baseline", "std of the raw rewards")])
+def test_grpo_config_refuses_the_estimators_grpotrainer_lacks(algo, reason):
+    with pytest.raises(NotImplementedError, match=reason):
+        interop.trl_kwargs(make_config(algo))
+
+
+@pytest.mark.parametrize("algo, estimator", [("rloo", "rloo"), ("reinforce_pp", "reinforce_plus_plus"),
+                                             ("reinforce_pp_baseline", "reinforce_plus_plus_baseline")])
+def test_verl_names_the_same_estimators(algo, estimator):
+    overrides = interop.verl_overrides(make_config(algo))
+    assert {o.split("=", 1)[0] for o in overrides} <= VERL_070_KEYS
+    assert f"algorithm.adv_estimator={estimator}" in overrides
+    assert not any(o.startswith("algorithm.norm_adv_by_std_in_grpo") for o in overrides)  # a GRPO-only switch

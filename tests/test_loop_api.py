@@ -234,3 +234,41 @@ def test_compute_advantages_takes_the_group_path_or_the_kl_to_go_path():
     a = 0.5 / 0.70721
     torch.testing.assert_close(adv[:2], torch.tensor([[a - 0.05, a + 0.05], [-a + 0.05, -a + 0.05]]), atol=1e-5,
                                rtol=0)
+
+
+def test_compute_advantages_takes_the_rloo_and_reinforce_pp_paths():
+    from types import SimpleNamespace
+
+    batch = SimpleNamespace(completion_mask=torch.ones(4, 2))
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("rloo", group_size=2), beta=0.0)
+    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0]))  # 1 - 0 and 0 - 1; the equal group 0
+    assert returns is None and values is None
+    adv, _, _ = rl.compute_advantages(scores, None, batch, config.make_config("reinforce_pp", group_size=2), beta=0.0)
+    # batch mean 0.75, std sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5 (+ 1e-4): [0.25, -0.75, 0.25, 0.25] / 0.5001
+    torch.testing.assert_close(adv, torch.tensor([0.25, -0.75, 0.25, 0.25]) / 0.5001)
+    cfg = config.make_config("reinforce_pp_baseline", group_size=2)
+    adv, _, _ = rl.compute_advantages(scores, None, batch, cfg, beta=0.0)
+    # c = [0.5, -0.5, 0, 0], std_B(c) = sqrt(0.5 / 3) = 0.40825 (+ 1e-4)
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]) / ((0.5 / 3) ** 0.5 + 1e-4))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(advantage="rloo"), "adv_scale='group' applies to advantage='group' only"),  # RLConfig's default scale
+    (dict(advantage="reinforce_pp_baseline", adv_scale="batch"), "set adv_scale='none'"),
+    (dict(advantage="rloo", adv_scale="none", group_size=1), "needs group_size >= 2"),
+    (dict(advantage="rloo", adv_scale="none", beta=0.1, kl_placement="reward"), "kl_placement='reward'"),
+    (dict(advantage="reinforce_plus_plus"), "unknown advantage"),
+])
+def test_new_advantage_switches_are_validated(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config.RLConfig(**overrides).validate()
+
+
+def test_reinforce_pp_needs_no_groups_and_the_presets_are_valid():
+    config.RLConfig(advantage="reinforce_pp", adv_scale="none", group_size=1).validate()  # k >= 1 in the paper
+    for algo, advantage in [("rloo", "rloo"), ("reinforce_pp", "reinforce_pp"),
+                            ("reinforce_pp_baseline", "reinforce_pp_baseline")]:
+        c = config.make_config(algo)
+        assert (c.advantage, c.adv_scale, c.beta) == (advantage, "none", 0.0)
+    assert (config.make_config("rloo").agg, config.make_config("rloo").num_minibatches) == ("seq-mean-token-sum", 1)
