@@ -95,22 +95,22 @@ def test_score_completions_weights_and_columns_by_hand():
     def length(prompts, completions, **_):
         return [len(c) / 10 for c in completions]
 
-    out = rewards.score_completions([exact, length], ["p", "q"], ["12", "7"], {"answer": ["12", "8"]},
+    out = rewards.score_completions([exact, length], ["p", "q"], ["12", "7"], columns={"answer": ["12", "8"]},
                                     weights=[1.0, 2.0])
     # [1 + 2 * 0.2, 0 + 2 * 0.1] = [1.4, 0.2]
     torch.testing.assert_close(out, torch.tensor([1.4, 0.2]))
 
 
-def test_a_reward_function_returning_none_is_an_error_naming_it():
-    def picky(prompts, completions, **_):
-        return [1.0, None]
+def test_bad_reward_values_are_errors_naming_the_function():
+    def wordy(prompts, completions, **_):
+        return [1.0, "yes"]
 
-    with pytest.raises(ValueError, match=r"picky returned None at completion 1"):
-        rewards.score_completions(picky, ["p", "q"], ["a", "b"])
+    with pytest.raises(ValueError, match=r"wordy returned 'yes' at completion 1"):
+        rewards.score_completions(wordy, ["p", "q"], ["a", "b"])
     with pytest.raises(ValueError, match="returned 1 values for 2 completions"):
         rewards.score_completions(lambda prompts, completions, **_: [1.0], ["p", "q"], ["a", "b"])
     with pytest.raises(ValueError, match="one weight per function"):
-        rewards.score_completions([picky], ["p"], ["a"], weights=[1.0, 2.0])
+        rewards.score_completions([wordy], ["p"], ["a"], weights=[1.0, 2.0])
 
 
 def test_running_sums_reward_is_the_task_score():
@@ -133,7 +133,8 @@ def test_a_trl_style_reward_function_trains_one_step():
     cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8, lr=1e-3,
                              progress=False)
     h = rl.train_rl(model, tok, cfg, data, reward_fn=trl_reward)
-    assert set(seen) == {"target"} and len(seen["target"]) == 8  # the extra column, one value per completion
+    # the extra column (one value per completion), the token ids, and what of TRL's context minirl passes
+    assert set(seen) == {"target", "completion_ids", "trainer_state", "log_metric"} and len(seen["target"]) == 8
     assert h.rows[-1]["step"] == 1 and math.isfinite(h.rows[-1]["loss"])
     moved = any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
     assert moved  # the step changed the policy
