@@ -37,7 +37,8 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, temperature: float 
         reward_kwargs: further keyword arguments for the reward functions (the RL loops pass ``trainer_state``).
 
     Returns:
-        dict with accuracy (the mean reward over the scored completions, those not None for every function: for a 0/1 reward, the share that is right),
+        dict with accuracy (the mean reward over the scored completions, those not None for every function: for a
+        0/1 reward, the share that is right),
         accuracy_stderr (its standard error over completions, which treats them as independent),
         accuracy_stderr_prompts (the standard error over prompts of each prompt's mean reward: the honest one when
         samples_per_prompt > 1, because completions of one prompt are correlated), mean_length (tokens, EOS included),

@@ -60,10 +60,9 @@ def _layout(cfg: RLConfig) -> dict:
 def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict:
     """The keyword arguments of ``trl.GRPOConfig`` (TRL 1.16) that run ``cfg``; TRL itself is not imported.
 
-    Every GRPOConfig field that changes the loss, the advantages, the sampling or the batch layout is stated,
-    whatever its TRL default (``_TRL_FIXED`` for those minirl's loop fixes, e.g. ``router_aux_loss_coef=0.0``:
-    minirl adds no MoE auxiliary loss, while TRL's default takes the model's own coefficient); every other field is
-    in ``TRL_UNPINNED`` with the reason it does not matter.
+    Every GRPOConfig field that changes the loss, advantages, sampling or batch layout is stated, whatever TRL's
+    default (``_TRL_FIXED``: e.g. ``router_aux_loss_coef=0.0``, minirl adds no MoE auxiliary loss, TRL's default
+    takes the model's); every other field is in ``TRL_UNPINNED`` with the reason it does not matter.
 
     Switch by switch: group_size -> num_generations; eps_low / eps_high -> epsilon / epsilon_high; dual_clip c ->
     delta = c (TRL's two-sided clip caps the ratio at delta, which for c > 1 + eps_high is exactly dual-clip PPO);
@@ -148,14 +147,12 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
     )
 
 
-#: GRPOConfig fields (TRL 1.16) that change what a preset computes and that minirl's loop fixes, pinned by
-#: ``trl_kwargs`` whatever the installed TRL defaults to. Each value is what minirl's loop does.
+#: GRPOConfig fields (TRL 1.16) that change what a preset computes, pinned to what minirl's loop does.
 _TRL_FIXED = dict(
     # the loss
     router_aux_loss_coef=0.0,  # minirl's loop adds no MoE load-balancing loss (TRL's None = the model's, 0.001)
-    top_entropy_quantile=1.0,  # every token in the loss (no high-entropy-only mask)
-    entropy_coef=0.0, use_adaptive_entropy=False,  # no entropy bonus
-    off_policy_mask_threshold=None,  # no off-policy sequence mask
+    top_entropy_quantile=1.0, entropy_coef=0.0, use_adaptive_entropy=False,  # every token, no entropy bonus
+    off_policy_mask_threshold=None, fp16=False,  # no off-policy sequence mask; float32 (see bf16)
     vllm_importance_sampling_correction=False,  # no sampler/trainer correction (TRL's default True acts with vLLM)
     multi_objective_aggregation="sum_then_normalize",  # weighted sum of the reward functions, then the group
     reward_weights=None,  # 1 per function; pass reward_weights=... to to_trl for other weights
@@ -163,72 +160,55 @@ _TRL_FIXED = dict(
     use_liger_kernel=False, label_smoothing_factor=0.0, neftune_noise_alpha=None,  # the loss is the one above
     cast_lm_head_to_fp32=False,  # the head in the weights' dtype; log-probs in float32 from its logits (minirl)
     disable_dropout=True,  # minirl's loop never turns dropout on (models load in eval mode); TRL trains in train mode
-    fp16=False,
     # sampling
-    use_vllm=False, min_p=None, repetition_penalty=1.0, generation_kwargs=None,
-    vllm_structured_outputs_regex=None, shuffle_dataset=True, train_sampling_strategy="random",
-    # batch layout and optimiser
+    use_vllm=False, min_p=None, repetition_penalty=1.0, generation_kwargs=None, vllm_structured_outputs_regex=None,
+    shuffle_dataset=True, train_sampling_strategy="random",  # batch layout and optimiser below
     generation_batch_size=None,  # derived: per_device_train_batch_size x steps_per_generation x processes
     remove_unused_columns=False,  # the dataset's columns reach the reward functions
-    auto_find_batch_size=False, dataloader_drop_last=False, pad_to_multiple_of=None,
-    adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,  # torch AdamW's defaults, as minirl's optimiser
-    lr_scheduler_kwargs=None, optim_args=None, data_seed=None,
+    auto_find_batch_size=False, dataloader_drop_last=False, pad_to_multiple_of=None, data_seed=None,
+    adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, lr_scheduler_kwargs=None, optim_args=None,  # torch AdamW
 )
 
-#: Every other GRPOConfig field of TRL 1.16, reviewed: it does not change the loss, the advantages, the sampling
-#: distribution or the batch layout of a run of ``to_trl(cfg)`` (why, in a word or two). ``tests/test_interop.py``
-#: fails when the installed TRL has a field in neither this list nor ``trl_kwargs``: a new TRL release cannot
-#: change what a preset computes without someone deciding where its new field goes.
-TRL_UNPINNED = {
-    **dict.fromkeys(("sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos",
-                     "vespo_k_neg", "vespo_lambda_neg"), "inert: only for loss_type sapo / vespo"),
-    **dict.fromkeys(("entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target"),
-                    "inert: use_adaptive_entropy=False"),
-    **dict.fromkeys(("ref_model_mixup_alpha", "ref_model_sync_steps"), "inert: sync_ref_model=False"),
-    **dict.fromkeys(("vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
-                     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap"),
-                    "inert: vllm_importance_sampling_correction=False"),
-    **dict.fromkeys(("vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_server_base_url",
-                     "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
-                     "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size"),
-                    "generation engine: where vLLM runs, not what it samples"),
-    **dict.fromkeys(("use_transformers_continuous_batching", "transformers_continuous_batching_config",
-                     "use_transformers_paged", "cache_implementation", "ds3_gather_for_generation", "use_cache"),
-                    "generation speed / memory"),
-    **dict.fromkeys(("num_generations_eval", "per_device_eval_batch_size", "eval_strategy", "eval_steps",
-                     "eval_delay", "prediction_loss_only", "eval_on_start", "eval_do_concat_batches",
-                     "eval_use_gather_object", "eval_accumulation_steps", "include_for_metrics",
-                     "batch_eval_metrics", "bf16_full_eval", "fp16_full_eval", "do_eval", "do_predict"),
-                    "evaluation only"),
-    **dict.fromkeys(("chat_template_kwargs", "max_tool_calling_iterations"),
-                    "conversational prompts / tools, out of scope"),
-    **dict.fromkeys(("model_init_kwargs", "trust_remote_code"), "model loading: the caller passes the model"),
-    **dict.fromkeys(("log_completions", "log_multimodal", "num_completions_to_print", "log_unique_prompts",
-                     "log_completions_hub_repo", "logging_strategy", "logging_steps", "logging_first_step",
-                     "log_on_each_node", "logging_nan_inf_filter", "include_num_input_tokens_seen", "log_level",
-                     "log_level_replica", "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
-                     "trackio_bucket_id", "trackio_static_space_id", "skip_memory_metrics", "debug"), "logging"),
-    **dict.fromkeys(("output_dir", "save_only_model", "save_strategy", "save_steps", "save_on_each_node",
-                     "save_total_limit", "enable_jit_checkpoint", "load_best_model_at_end",
-                     "metric_for_best_model", "greater_is_better", "ignore_data_skip",
-                     "restore_callback_states_from_checkpoint", "resume_from_checkpoint", "do_train"),
-                    "saving / resuming"),
-    **dict.fromkeys(("push_to_hub", "hub_token", "hub_private_repo", "hub_model_id", "hub_strategy",
-                     "hub_always_push", "hub_revision"), "hub"),
-    **dict.fromkeys(("use_cpu", "accelerator_config", "parallelism_config", "fsdp", "fsdp_config", "deepspeed",
-                     "ddp_find_unused_parameters", "ddp_bucket_cap_mb", "ddp_broadcast_buffers",
-                     "ddp_static_graph", "ddp_backend", "ddp_timeout", "local_rank", "tf32"),
-                    "devices and sharding: the caller's hardware, not the objective"),
-    **dict.fromkeys(("activation_checkpointing", "activation_checkpointing_kwargs", "gradient_checkpointing",
-                     "gradient_checkpointing_kwargs", "torch_compile", "torch_compile_backend",
-                     "torch_compile_mode", "torch_empty_cache_steps", "optim_target_modules", "liger_kernel_config",
-                     "full_determinism"), "memory / speed (same objective)"),
-    **dict.fromkeys(("dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
-                     "dataloader_prefetch_factor", "dataloader_multiprocessing_context", "dataloader_in_order",
-                     "label_names", "length_column_name"), "data loading mechanics"),
-    "num_train_epochs": "overridden: max_steps is pinned",
-    "average_tokens_across_devices": "unused: GRPOTrainer's compute_loss makes its own normaliser",
+#: Every other GRPOConfig field of TRL 1.16, reviewed: it does not change what ``to_trl(cfg)`` computes (why, in a
+#: few words). tests/test_interop.py fails when the installed TRL has a field in neither this nor ``trl_kwargs``.
+_UNPINNED_BY_REASON = {  # reason: the fields, space-separated
+    "inert: only for loss_type sapo / vespo": "sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
+        "vespo_lambda_pos vespo_k_neg vespo_lambda_neg",
+    "inert: use_adaptive_entropy=False": "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target",
+    "inert: sync_ref_model=False": "ref_model_mixup_alpha ref_model_sync_steps",
+    "inert: vllm_importance_sampling_correction=False": "vllm_importance_sampling_mode "
+        "vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min vllm_importance_sampling_cap",
+    "generation engine: where vLLM runs, not what it samples": "vllm_mode vllm_model_impl vllm_enable_sleep_mode "
+        "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
+        "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size",
+    "generation speed / memory": "use_transformers_continuous_batching transformers_continuous_batching_config "
+        "use_transformers_paged cache_implementation ds3_gather_for_generation use_cache",
+    "evaluation only": "num_generations_eval per_device_eval_batch_size eval_strategy eval_steps eval_delay "
+        "prediction_loss_only eval_on_start eval_do_concat_batches eval_use_gather_object eval_accumulation_steps "
+        "include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval do_eval do_predict",
+    "conversational prompts / tools, out of scope": "chat_template_kwargs max_tool_calling_iterations",
+    "model loading: the caller passes the model": "model_init_kwargs trust_remote_code",
+    "logging": "log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo "
+        "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "
+        "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name project "
+        "trackio_space_id trackio_bucket_id trackio_static_space_id skip_memory_metrics debug",
+    "saving / resuming": "output_dir save_only_model save_strategy save_steps save_on_each_node save_total_limit "
+        "enable_jit_checkpoint load_best_model_at_end metric_for_best_model greater_is_better ignore_data_skip "
+        "restore_callback_states_from_checkpoint resume_from_checkpoint do_train",
+    "hub": "push_to_hub hub_token hub_private_repo hub_model_id hub_strategy hub_always_push hub_revision",
+    "devices and sharding: the caller's hardware, not the objective": "use_cpu accelerator_config "
+        "parallelism_config fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb "
+        "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout local_rank tf32",
+    "memory / speed (same objective)": "activation_checkpointing activation_checkpointing_kwargs "
+        "gradient_checkpointing gradient_checkpointing_kwargs torch_compile torch_compile_backend torch_compile_mode "
+        "torch_empty_cache_steps optim_target_modules liger_kernel_config full_determinism",
+    "data loading mechanics": "dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
+        "dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order label_names "
+        "length_column_name",
+    "overridden: max_steps is pinned": "num_train_epochs",
+    "unused: GRPOTrainer's compute_loss makes its own normaliser": "average_tokens_across_devices",
 }
+TRL_UNPINNED = {name: why for why, names in _UNPINNED_BY_REASON.items() for name in names.split()}
 
 
 def trl_reward_funcs(cfg: RLConfig, reward_fn) -> list:

@@ -84,7 +84,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         # 1-2. rollout and reward: G completions per prompt, scored (dynamic sampling repeats both)
         logged = {}  # what the reward functions report through log_metric(name, value)
         reward_kwargs = {"trainer_state": TrainerState(global_step=step - 1, max_steps=cfg.steps),
-                         "log_metric": lambda name, value: logged.setdefault(name, []).append(float(value))}
+                         "log_metric": metric_logger(logged)}
         batch, scores, gen_stats = collect(model, tokenizer, train_data, cfg, reward_fn, reward_weights, gen,
                                            reward_kwargs=reward_kwargs)
         old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg)  # (B, T) each
@@ -143,6 +143,12 @@ class TrainerState:
 
     global_step: int
     max_steps: int
+
+
+def metric_logger(store: dict) -> Callable[[str, float], None]:
+    """The ``log_metric(name, value)`` a reward function receives: values collected by name into ``store`` (the
+    loop logs each name's mean over the step in its History row, as TRL averages them per logging step)."""
+    return lambda name, value: store.setdefault(name, []).append(float(value))
 
 
 def collect(model, tokenizer, train_data, cfg: RLConfig, reward_fn, reward_weights, gen: torch.Generator, *,

@@ -49,7 +49,7 @@ def example_3_reward_func(completions, ground_truth, **kwargs):
     matches = [re.search(r"\\boxed\{(.*?)\}", completion) for completion in completions]
     contents = [match.group(1) if match else "" for match in matches]
     # Reward 1 if the content is the same as the ground truth, 0 otherwise
-    return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
+    return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]  # noqa: B905 (as the docs write it)
 
 
 def check_math_solution(prompt, completion):  # the docs leave example 4's two helpers to the reader
@@ -65,7 +65,7 @@ test_code_solution.__test__ = False  # pytest: not a test
 
 def math_reward_func(prompts, completions, task, **kwargs):
     rewards = []
-    for prompt, completion, t in zip(prompts, completions, task):
+    for prompt, completion, t in zip(prompts, completions, task):  # noqa: B905 (as the docs write it)
         if t == "math":
             # Calculate math-specific reward
             correct = check_math_solution(prompt, completion)
@@ -79,7 +79,7 @@ def math_reward_func(prompts, completions, task, **kwargs):
 
 def coding_reward_func(prompts, completions, task, **kwargs):
     rewards = []
-    for prompt, completion, t in zip(prompts, completions, task):
+    for prompt, completion, t in zip(prompts, completions, task):  # noqa: B905 (as the docs write it)
         if t == "coding":
             # Calculate coding-specific reward
             works = test_code_solution(prompt, completion)
@@ -288,7 +288,7 @@ def test_train_rl_passes_the_contract_and_trains_around_unscored_rows():
         seen.update(ids=completion_ids, completions=completions, step=trainer_state.global_step,
                     max_steps=trainer_state.max_steps)
         log_metric("my_metric", 2.5)
-        return [None if t == "skip" else c.count("1") / max(len(c), 1) for c, t in zip(completions, task)]
+        return [None if t == "skip" else c.count("1") / max(len(c), 1) for c, t in zip(completions, task, strict=True)]
 
     data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="], "task": ["count", "skip"]})
     cfg = config.make_config("grpo", steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-3,

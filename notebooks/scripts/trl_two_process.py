@@ -1,6 +1,7 @@
 """TRL's GRPOTrainer from a minirl preset on two processes (gloo ranks on CPU), checked against minirl.
 
-Run with torchrun, one process per rank (``use_cpu=True``: two gloo ranks; ``accelerate launch --cpu`` would start one):
+Run with torchrun, one process per rank (``use_cpu=True``: two gloo ranks; ``accelerate launch --cpu`` would start
+only one):
 
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 --master_port PORT notebooks/scripts/trl_two_process.py \
         --preset grpo --out result.json
@@ -12,9 +13,9 @@ What each run does, on a tiny Qwen3 saved with save_pretrained (``--model DIR``,
    calls the trainer's own ``compute_loss`` on its half (the inputs dict its ``_generate_and_score_completions``
    would make, with TRL's global ``num_items_in_batch``), backward, then the gradients are all-reduced and averaged
    as DDP does. Rank 0 compares that with minirl's ``rl.update_minibatch`` gradient on the whole global batch.
-2. A real run: ``trainer.train()`` for ``--steps`` optimiser steps (generation, rewards from
-   ``tasks.running_sums_reward`` plus a length reward, and DAPO's overlong punishment for dapo; DDP gradients), asserting world size 2 inside it; rank 0 reports whether every
-   rank's parameters changed and stayed equal across ranks.
+2. A real run: ``trainer.train()`` for ``--steps`` optimiser steps (generation; rewards from
+   ``tasks.running_sums_reward`` plus a length reward, and DAPO's overlong punishment for dapo; DDP gradients),
+   asserting world size 2 inside it; rank 0 reports whether every rank's parameters changed and stayed equal.
 
 Rank 0 writes a JSON summary to ``--out``.
 """
@@ -28,7 +29,6 @@ import os
 import tempfile
 import time
 
-import datasets
 import torch
 import torch.distributed as dist
 
