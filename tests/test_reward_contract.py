@@ -311,3 +311,14 @@ def test_ppo_with_unscored_rows_is_an_error():
     cfg = config.make_config("ppo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, progress=False)
     with pytest.warns(UserWarning), pytest.raises(ValueError, match="PPO's critic needs a reward"):
         rl.train_rl(model, tok, cfg, data, reward_fn=lambda prompts, completions, **_: [None] * len(prompts))
+
+
+def test_overlong_shaping_scores_an_unscored_row_as_trl_does():
+    """In TRL the overlong penalty is one more reward function, so a row None for the task is not None for
+    every function: its reward is the penalty alone (nansum). max_len 20, cache 4: lengths 18 and 20 ->
+    -0.5 and -1; task scores [1, None] -> [1 - 0.5, 0 - 1] = [0.5, -1.0]."""
+    from types import SimpleNamespace
+
+    cfg = config.make_config("dapo", max_new_tokens=20, overlong_cache_len=4)
+    batch = SimpleNamespace(lengths=torch.tensor([18.0, 20.0]), completion_mask=torch.ones(2, 20))
+    assert rl.shape_rewards(torch.tensor([1.0, math.nan]), batch, cfg).tolist() == [0.5, -1.0]
