@@ -23,37 +23,53 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
     A group whose rewards are all equal carries no signal and gets exactly 0, never NaN, whatever eps: its
     centred rewards are set to 0 before the division, so float round-off cannot leave a tiny std to divide by.
 
+    NaN marks an unscored row (every reward function returned None, ``rewards.score_completions``). As in TRL
+    1.16, it is left out of its group's mean and std (and out of the batch std) and gets advantage 0; a group
+    with fewer than two scored rows has no baseline and gets 0 (TRL: its std is NaN, and NaN advantages are 0).
+
     Example: rewards [1, 0, 0, 0], G = 4: mean 0.25, unbiased std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5;
     A = [0.75, -0.25, -0.25, -0.25] / 0.5001 = [1.4997, -0.4999, -0.4999, -0.4999].
+    With an unscored row, [1, 0, NaN, 0]: mean 1/3, std sqrt((4/9 + 2/9) / 2) = 0.57735;
+    A = [0.6667, -0.3333, 0, -0.3333] / 0.57745 = [1.1545, -0.5773, 0, -0.5773].
 
     Args:
-        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt).
+        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt); NaN = unscored.
         group_size: G >= 1. With G = 1 every advantage is 0 (a group of one has no baseline).
         scale: "group", "batch" or "none".
         eps: added to the std (>= 0).
 
     Returns:
-        (B,) advantages, float.
+        (B,) advantages, float, always finite.
 
     Raises:
-        ValueError: if rewards is not 1-D, B is not a multiple of group_size, or scale is unknown.
+        ValueError: if rewards is not 1-D, holds inf, B is not a multiple of group_size, or scale is unknown.
 
     Source: Shao et al. 2024 (DeepSeekMath, GRPO), section 4.1.2 (outcome supervision); Liu et al. 2025
-    (Dr. GRPO, "Understanding R1-Zero-Like Training"), eq. 3 and section 3.1.
+    (Dr. GRPO, "Understanding R1-Zero-Like Training"), eq. 3 and section 3.1; unscored rows: TRL 1.16
+    ``GRPOTrainer._generate_and_score_completions`` (nanmean, nanstd, advantage 0).
     """
     ndim("rewards", rewards, 1, "(B,)")
     choice("advantage scale", scale, SCALES)
     if group_size < 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
+    if torch.isinf(rewards).any():
+        raise ValueError(f"rewards must be finite (NaN marks an unscored row), got inf at row "
+                         f"{int(torch.isinf(rewards).nonzero()[0])}")
     r = rewards.float().view(-1, group_size)  # (num_groups, G)
-    centred = r - r.mean(dim=1, keepdim=True)  # (num_groups, G)
-    equal = (r == r[:, :1]).all(dim=1, keepdim=True)  # groups with no signal
-    centred = torch.where(equal, torch.zeros_like(centred), centred)
+    scored = ~torch.isnan(r)  # (num_groups, G)
+    n = scored.sum(dim=1, keepdim=True)  # scored rows per group
+    r0 = torch.where(scored, r, 0.0)
+    centred = torch.where(scored, r - r0.sum(dim=1, keepdim=True) / n.clamp(min=1), 0.0)  # (num_groups, G)
+    lo = torch.where(scored, r, torch.inf).amin(dim=1, keepdim=True)
+    hi = torch.where(scored, r, -torch.inf).amax(dim=1, keepdim=True)
+    equal = (n < 2) | (lo == hi)  # groups with no signal (all scored rewards equal, or no baseline)
+    centred = torch.where(equal, 0.0, centred)
     if scale == "group":
-        std = r.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(r[:, :1])
+        std = (centred.pow(2).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)).sqrt()  # ddof=1 over scored rows
         centred = centred / torch.where(equal, 1.0, std + eps)  # equal groups are already 0: no 0 / 0 at eps = 0
     elif scale == "batch":
-        std = rewards.float().std() if rewards.numel() > 1 else rewards.new_zeros(())
+        flat = r[scored]  # the scored rewards of the whole batch
+        std = flat.std() if flat.numel() > 1 else rewards.new_zeros(())
         centred = centred / torch.where(equal, 1.0, std + eps)
     return centred.view(-1)
 

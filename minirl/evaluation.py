@@ -18,7 +18,8 @@ from .rollout import completion_logits, dataset_columns, generate
 
 @torch.no_grad()
 def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: float = 1.0, greedy: bool = False,
-             samples_per_prompt: int = 1, batch_size: int = 256, seed: int | None = 0, reward_fn=None) -> dict:
+             samples_per_prompt: int = 1, batch_size: int = 256, seed: int | None = 0, reward_fn=None,
+             reward_kwargs: dict | None = None) -> dict:
     """Held-out accuracy of the model on a split, sampled at ``temperature`` or greedy.
 
     Args:
@@ -33,9 +34,11 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
             RNG state is restored afterwards, so evaluating does not change the course of training.
         reward_fn: a reward function in TRL's form, or a list of them (see ``rewards.score_completions``); None is
             the running-sums task's 0/1 reward, ``tasks.running_sums_reward``.
+        reward_kwargs: further keyword arguments for the reward functions (the RL loops pass ``trainer_state``).
 
     Returns:
-        dict with accuracy (the mean reward over the completions: for a 0/1 reward, the share that is right),
+        dict with accuracy (the mean reward over the scored completions, those not None for every function: for a
+        0/1 reward, the share that is right),
         accuracy_stderr (its standard error over completions, which treats them as independent),
         accuracy_stderr_prompts (the standard error over prompts of each prompt's mean reward: the honest one when
         samples_per_prompt > 1, because completions of one prompt are correlated), mean_length (tokens, EOS included),
@@ -52,16 +55,19 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
             rows = dataset.select(range(i, min(i + batch_size, len(prompts))))
             r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature=temperature, greedy=greedy)
             r.columns = dataset_columns(rows, r.prompt_index)
+            ids = [c[m > 0].tolist() for c, m in zip(r.completion_ids, r.completion_mask, strict=True)]
             scores.append(score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
-                                            r.columns))
+                                            completion_ids=ids, columns=r.columns, reward_kwargs=reward_kwargs))
             formatted += [tasks.parse_answer(c) is not None for c in r.completions]
             lengths.append(r.lengths)
             truncated.append(r.truncated)
-    scores = torch.cat(scores)  # (n,)
-    n = scores.numel()
-    out = {"accuracy": float(scores.mean()),
-           "accuracy_stderr": float(scores.std() / n ** 0.5) if n > 1 else float("nan"),
-           "accuracy_stderr_prompts": float(scores.view(-1, k).mean(1).std() / (n // k) ** 0.5) if n // k > 1
+    scores = torch.cat(scores)  # (n,), NaN on unscored completions
+    n, valid = scores.numel(), scores[~scores.isnan()]
+    per_prompt = scores.view(-1, k).nanmean(1)
+    per_prompt = per_prompt[~per_prompt.isnan()]
+    out = {"accuracy": float(valid.mean()) if valid.numel() else float("nan"),
+           "accuracy_stderr": float(valid.std() / valid.numel() ** 0.5) if valid.numel() > 1 else float("nan"),
+           "accuracy_stderr_prompts": float(per_prompt.std() / per_prompt.numel() ** 0.5) if per_prompt.numel() > 1
            else float("nan"),
            "mean_length": float(torch.cat(lengths).mean()),
            "mean_length_wrong": float(torch.cat(lengths).float()[scores <= 0].mean()) if (scores <= 0).any()
@@ -92,7 +98,10 @@ def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, *, s
             r = generate(model, tokenizer, list(dataset["prompt"]), samples_per_prompt, max_new_tokens,
                          temperature=temperature)
         r.columns = dataset_columns(dataset, r.prompt_index)
-        scores = score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions, r.columns)
+        scores = score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
+                                   completion_ids=[c[m > 0].tolist() for c, m in zip(r.completion_ids,
+                                                                                     r.completion_mask, strict=True)],
+                                   columns=r.columns)
         rows += [dict(model=label, prompt=p, completion=c, reward=float(x))
                  for p, c, x in zip(r.prompts, r.completions, scores.tolist(), strict=True)]
     width = max(len(r["model"]) for r in rows)
@@ -101,7 +110,8 @@ def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, *, s
     return rows
 
 
-def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) -> dict:
+def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None, *, reward_kwargs: dict | None = None
+                 ) -> dict:
     """Held-out metrics the training loops log before training (step 0), every cfg.eval_every steps and at the end:
     accuracy sampled at cfg.temperature (with its standard error over completions and over prompts; the two are equal
     with one sample per prompt) and greedy. {} without eval data or when ``step`` is not on that schedule."""
@@ -109,8 +119,10 @@ def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None) ->
     if eval_data is None or not due:
         return {}
     sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, temperature=cfg.temperature,
-                       samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn)
-    greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn)
+                       samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn,
+                       reward_kwargs=reward_kwargs)
+    greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn,
+                      reward_kwargs=reward_kwargs)
     return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
             "eval_accuracy_stderr_prompts": sampled["accuracy_stderr_prompts"],
             "eval_greedy_accuracy": greedy["accuracy"], "eval_length": sampled["mean_length"],

@@ -7,8 +7,9 @@ naming it, never a silent approximation. ``tests/test_interop.py`` feeds the sam
 to minirl's and checks that the losses and gradients agree to 1e-6; notebook 07 trains with both.
 
 Versions: TRL 1.16 (the optional extra ``pip install -e ".[trl]"``; TRL is imported inside the functions, so
-``import minirl`` works without it); verl 0.7.0 (option names checked against ``verl/trainer/config/*.yaml`` and
-``recipe/dapo/config/dapo_trainer.yaml`` of tag v0.7.0; verl is not installed, ``to_verl`` only writes text).
+``import minirl`` works without it); verl 0.9.1 (option names checked against ``verl/trainer/config/*.yaml`` of the
+0.9.1 release on PyPI, whose main trainer holds DAPO's ``algorithm.filter_groups`` and the DAPO reward manager;
+verl is not installed, ``to_verl`` only writes text).
 
 Convention differences that remain where both engines run the same switches (each has a test):
 
@@ -37,7 +38,7 @@ from .preference_loop import PrefConfig
 #: The TRL version the mapping and the equivalence tests were checked against (pyproject's [trl] extra bounds it).
 TRL_VERSION = "1.16"
 #: The verl tag whose option names ``to_verl`` writes.
-VERL_VERSION = "0.7.0"
+VERL_VERSION = "0.9.1"
 
 #: minirl aggregation -> TRL GRPOConfig.loss_type with the same normaliser (see the module notes for "dapo").
 _TRL_LOSS_TYPE = {"seq-mean-token-mean": "grpo", "token-mean": "dapo", "seq-mean-token-sum-norm": "dr_grpo",
@@ -70,6 +71,10 @@ def _layout(cfg: RLConfig) -> dict:
 
 def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict:
     """The keyword arguments of ``trl.GRPOConfig`` (TRL 1.16) that run ``cfg``; TRL itself is not imported.
+
+    Every GRPOConfig field that changes the loss, advantages, sampling or batch layout is stated, whatever TRL's
+    default (``_TRL_FIXED``: e.g. ``router_aux_loss_coef=0.0``, minirl adds no MoE auxiliary loss, TRL's default
+    takes the model's); every other field is in ``TRL_UNPINNED`` with the reason it does not matter.
 
     Switch by switch: group_size -> num_generations; eps_low / eps_high -> epsilon / epsilon_high; dual_clip c ->
     delta = c (TRL's two-sided clip caps the ratio at delta, which for c > 1 + eps_high is exactly dual-clip PPO);
@@ -162,7 +167,7 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg))
+        **_trl_common(cfg), **_TRL_FIXED)
 
 
 def _trl_common(cfg: RLConfig) -> dict:
@@ -215,7 +220,75 @@ def rloo_trl_kwargs(cfg: RLConfig) -> dict:
         if getattr(cfg, switch):
             raise _missing(switch, "not an RLOOTrainer option")
     return dict(epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, beta=0.0, normalize_advantages=False,
-                mask_truncated_completions=cfg.overlong_filter, **_trl_common(cfg))
+                mask_truncated_completions=cfg.overlong_filter, **_trl_common(cfg),
+                **{k: v for k, v in _TRL_FIXED.items() if k not in _GRPO_ONLY})
+#: GRPOConfig fields (TRL 1.16) that change what a preset computes, pinned to what minirl's loop does.
+_TRL_FIXED = dict(
+    # the loss
+    router_aux_loss_coef=0.0,  # minirl's loop adds no MoE load-balancing loss (TRL's None = the model's, 0.001)
+    top_entropy_quantile=1.0, entropy_coef=0.0, use_adaptive_entropy=False,  # every token, no entropy bonus
+    off_policy_mask_threshold=None, fp16=False,  # no off-policy sequence mask; float32 (see bf16)
+    vllm_importance_sampling_correction=False,  # no sampler/trainer correction (TRL's default True acts with vLLM)
+    multi_objective_aggregation="sum_then_normalize",  # weighted sum of the reward functions, then the group
+    reward_weights=None,  # 1 per function; pass reward_weights=... to to_trl for other weights
+    sync_ref_model=False,  # the reference is the starting policy, never updated
+    use_liger_kernel=False, label_smoothing_factor=0.0, neftune_noise_alpha=None,  # the loss is the one above
+    cast_lm_head_to_fp32=False,  # the head in the weights' dtype; log-probs in float32 from its logits (minirl)
+    disable_dropout=True,  # minirl's loop never turns dropout on (models load in eval mode); TRL trains in train mode
+    # sampling
+    use_vllm=False, min_p=None, repetition_penalty=1.0, generation_kwargs=None, vllm_structured_outputs_regex=None,
+    shuffle_dataset=True, train_sampling_strategy="random",  # batch layout and optimiser below
+    generation_batch_size=None,  # derived: per_device_train_batch_size x steps_per_generation x processes
+    remove_unused_columns=False,  # the dataset's columns reach the reward functions
+    auto_find_batch_size=False, dataloader_drop_last=False, pad_to_multiple_of=None, data_seed=None,
+    adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, lr_scheduler_kwargs=None, optim_args=None,  # torch AdamW
+)
+
+#: The pinned fields RLOOConfig (TRL 1.16) does not have: its loss has no entropy masks or bonus, no off-policy mask,
+#: no vLLM correction switch, one reward aggregation, and no lm-head cast.
+_GRPO_ONLY = ("cast_lm_head_to_fp32", "entropy_coef", "multi_objective_aggregation", "off_policy_mask_threshold",
+              "top_entropy_quantile", "use_adaptive_entropy", "vllm_importance_sampling_correction")
+
+#: Every other GRPOConfig field of TRL 1.16, reviewed: it does not change what ``to_trl(cfg)`` computes (why, in a
+#: few words). tests/test_interop.py fails when the installed TRL has a field in neither this nor ``trl_kwargs``.
+_UNPINNED_BY_REASON = {  # reason: the fields, space-separated
+    "inert: only for loss_type sapo / vespo": "sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
+        "vespo_lambda_pos vespo_k_neg vespo_lambda_neg",
+    "inert: use_adaptive_entropy=False": "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target",
+    "inert: sync_ref_model=False": "ref_model_mixup_alpha ref_model_sync_steps",
+    "inert: vllm_importance_sampling_correction=False": "vllm_importance_sampling_mode "
+        "vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min vllm_importance_sampling_cap",
+    "generation engine: where vLLM runs, not what it samples": "vllm_mode vllm_model_impl vllm_enable_sleep_mode "
+        "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
+        "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size",
+    "generation speed / memory": "use_transformers_continuous_batching transformers_continuous_batching_config "
+        "use_transformers_paged cache_implementation ds3_gather_for_generation use_cache",
+    "evaluation only": "num_generations_eval per_device_eval_batch_size eval_strategy eval_steps eval_delay "
+        "prediction_loss_only eval_on_start eval_do_concat_batches eval_use_gather_object eval_accumulation_steps "
+        "include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval do_eval do_predict",
+    "conversational prompts / tools, out of scope": "chat_template_kwargs max_tool_calling_iterations",
+    "model loading: the caller passes the model": "model_init_kwargs trust_remote_code",
+    "logging": "log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo "
+        "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "
+        "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name project "
+        "trackio_space_id trackio_bucket_id trackio_static_space_id skip_memory_metrics debug",
+    "saving / resuming": "output_dir save_only_model save_strategy save_steps save_on_each_node save_total_limit "
+        "enable_jit_checkpoint load_best_model_at_end metric_for_best_model greater_is_better ignore_data_skip "
+        "restore_callback_states_from_checkpoint resume_from_checkpoint do_train",
+    "hub": "push_to_hub hub_token hub_private_repo hub_model_id hub_strategy hub_always_push hub_revision",
+    "devices and sharding: the caller's hardware, not the objective": "use_cpu accelerator_config "
+        "parallelism_config fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb "
+        "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout local_rank tf32",
+    "memory / speed (same objective)": "activation_checkpointing activation_checkpointing_kwargs "
+        "gradient_checkpointing gradient_checkpointing_kwargs torch_compile torch_compile_backend torch_compile_mode "
+        "torch_empty_cache_steps optim_target_modules liger_kernel_config full_determinism",
+    "data loading mechanics": "dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
+        "dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order label_names "
+        "length_column_name",
+    "overridden: max_steps is pinned": "num_train_epochs",
+    "unused: GRPOTrainer's compute_loss makes its own normaliser": "average_tokens_across_devices",
+}
+TRL_UNPINNED = {name: why for why, names in _UNPINNED_BY_REASON.items() for name in names.split()}
 
 
 def trl_reward_funcs(cfg: RLConfig, reward_fn) -> list:
@@ -339,11 +412,12 @@ _VERL_ESTIMATOR = {"gae": "gae", "group": "grpo", "rloo": "rloo", "reinforce_pp"
 
 
 def verl_overrides(cfg: RLConfig) -> list[str]:
-    """verl 0.7.0 command-line overrides (Hydra ``key=value``) for an RLConfig, one string each.
+    """verl 0.9.1 command-line overrides (Hydra ``key=value``) for an RLConfig, one string each.
 
-    Entry point: ``python -m verl.trainer.main_ppo`` (``python -m recipe.dapo.main_dapo`` when dynamic sampling or
-    overlong shaping is on: those keys live in the DAPO recipe's config). Batch sizes are in prompts, as verl
-    counts them (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step).
+    Entry point: ``python -m verl.trainer.main_ppo`` for every preset (in 0.9 dynamic sampling is the main
+    trainer's ``algorithm.filter_groups`` and the overlong buffer the DAPO reward manager's ``reward.reward_kwargs``,
+    keys that the default config lacks, hence Hydra's ``+``). Batch sizes are in prompts, as verl counts them
+    (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step).
 
     Differences verl's options cannot express, left as they are (say so when comparing runs): the group std is
     divided with eps 1e-6 (minirl 1e-4); verl's k3 ("low_var_kl") output is clamped to [-10, 10]; its GSPO
@@ -352,7 +426,7 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     GSPO for per-sequence advantages; vanilla PPO always applies dual-clip, so "no dual clip" is written as
     clip_ratio_c=1e9. loss_mode cispo -> "cispo" (one-sided: clip_ratio_low=1.0), sapo -> "sapo" with
     actor.tau_pos / tau_neg, gmpo -> "geo_mean" (clip_ratio_low / high are then its log-space bounds; the loss
-    averages over all rows). These names are the same in verl 0.7.0 and the main branch's 0.8.0.dev.
+    averages over all rows). These names are the same in verl 0.7.0 and 0.9.1.
     advantage rloo is the same estimator; reinforce_plus_plus(_baseline) whiten over the batch's TOKENS
     (weighted by length, / sqrt(var + 1e-8)), minirl over its sequences (/ (std + adv_eps)): equal for one length.
 
@@ -362,15 +436,15 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
             another aggregation.
         ValueError: for an invalid config.
 
-    Source: verl v0.7.0 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``actor/actor.yaml``,
-    ``recipe/dapo/config/dapo_trainer.yaml``, ``verl/trainer/ppo/core_algos.py``.
+    Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
+    ``verl/experimental/reward_loop/reward_manager/dapo.py``, ``verl/trainer/ppo/core_algos.py``.
     """
     cfg.validate()
     if cfg.routing_replay:
-        raise _missing("routing_replay", "verl 0.7's router_replay (R2 / R3 modes) is not verified against "
+        raise _missing("routing_replay", "verl 0.9's router_replay (R2 / R3 modes) is not verified against "
                        "minirl's (record pi_old's forward, replay it in training)")
     if cfg.overlong_filter:
-        raise _missing("overlong_filter", "verl 0.7 has no option that masks truncated completions in the loss")
+        raise _missing("overlong_filter", "verl 0.9 has no option that masks truncated completions in the loss")
     if cfg.advantage == "group" and cfg.adv_scale == "batch":
         raise _missing("adv_scale='batch'", "verl's GRPO divides by the group std or by nothing")
     if cfg.level == "sequence" and cfg.agg != "seq-mean-token-mean":
@@ -426,15 +500,15 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
                 f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
                 f"data.gen_batch_size={cfg.gen_prompts_per_round or cfg.prompts_per_step}"]
     if cfg.overlong_shaping:
-        out += ["reward_model.reward_manager=dapo", "reward_model.overlong_buffer.enable=True",
-                f"reward_model.overlong_buffer.len={cfg.overlong_cache_len}",
-                "reward_model.overlong_buffer.penalty_factor=1.0"]
+        buffer = "+reward.reward_kwargs.overlong_buffer_cfg"
+        out += ["reward.reward_manager.name=dapo", f"{buffer}.enable=True", f"{buffer}.len={cfg.overlong_cache_len}",
+                f"{buffer}.penalty_factor=1.0", f"+reward.reward_kwargs.max_resp_len={cfg.max_new_tokens}"]
     return out
 
 
 def to_verl(cfg: RLConfig) -> str:
-    """verl 0.7.0 command-line overrides for ``cfg`` as one line of text (``verl_overrides`` joined by spaces),
-    to append to ``python -m verl.trainer.main_ppo`` (or ``recipe.dapo.main_dapo`` for DAPO's switches).
+    """verl 0.9.1 command-line overrides for ``cfg`` as one line of text (``verl_overrides`` joined by spaces),
+    to append to ``python -m verl.trainer.main_ppo``.
 
     Raises:
         NotImplementedError, ValueError: as ``verl_overrides``.

@@ -1,13 +1,17 @@
 """Rewards: calling reward functions in TRL's form, DAPO's soft overlong punishment, and the per-token reward.
 
-A reward function is ``reward_fn(prompts, completions, **columns) -> list[float]``: one prompt and one completion
-per sampled completion (B of each) and, by name, the dataset's other columns repeated per completion. This is TRL's
-``reward_funcs`` convention, so a reward function written for TRL works here unchanged, and back.
+A reward function is ``reward_fn(prompts, completions, completion_ids, **columns) -> list[float | None]``: one
+prompt, one completion text and one list of completion token ids per sampled completion (B of each) and, by name,
+the dataset's other columns repeated per completion. This is the call TRL 1.16's GRPOTrainer makes to its
+``reward_funcs`` (plain-text prompts; conversational message lists are not produced here), so a reward function
+written for TRL works here unchanged, and back. ``None`` for a row means "this function does not apply to it".
 """
 
 from __future__ import annotations
 
+import math
 import numbers
+import warnings
 from collections.abc import Callable, Sequence
 
 import torch
@@ -17,47 +21,75 @@ from .checks import ndim, prefix_mask, same_shape
 
 
 def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequence[str], completions: Sequence[str],
-                      columns: dict[str, list] | None = None, weights: Sequence[float] | None = None) -> Tensor:
-    """The weighted sum of one or several reward functions over B completions.
+                      *, completion_ids: Sequence[Sequence[int]] | None = None, columns: dict[str, list] | None = None,
+                      weights: Sequence[float] | None = None, reward_kwargs: dict | None = None) -> Tensor:
+    """The weighted sum of one or several reward functions over B completions, with TRL's rule for ``None``.
 
-    r_i = sum_k w_k * f_k(prompts, completions, **columns)[i], as TRL combines its ``reward_funcs``.
+    r_i = sum_k w_k * f_k(...)[i] over the functions that scored row i (a ``None`` is left out of the sum, TRL's
+    nansum); a row that every function returned ``None`` for is unscored: its reward is NaN, a warning names it,
+    and ``advantages.group_advantages`` leaves it out of its group's mean and std and gives it advantage 0.
 
-    Example: f1 -> [1, 0], f2 -> [0.5, 0.5], weights [1, 2]: [1 + 2 * 0.5, 0 + 2 * 0.5] = [2.0, 1.0].
+    Example: f1 -> [1, 0, None], f2 -> [0.5, None, None], weights [1, 2]:
+    [1 + 2 * 0.5, 0, NaN] = [2.0, 0.0, NaN] (row 2 unscored, with a warning).
+
+    Every function is called as ``f(prompts=..., completions=..., completion_ids=..., **columns, **reward_kwargs)``
+    (all by name, so ``**kwargs`` absorbs what it does not read). The RL loop passes as reward_kwargs
+    ``trainer_state`` (an object with ``global_step``, the optimiser steps done so far, and ``max_steps``) and
+    ``log_metric(name, value)`` (the step's mean of each name goes into its History row); evaluation passes
+    ``trainer_state``. Not passed: ``log_extra`` (minirl keeps no completions table) and ``environments``.
 
     Args:
-        reward_fn: a function ``(prompts, completions, **columns) -> list[float]``, or a list of them.
+        reward_fn: a function as above, or a list of them.
         prompts: B prompt strings (one per completion, repeated within a group).
         completions: B completion texts.
+        completion_ids: B lists of the completion's token ids, EOS included, padding excluded (as TRL); None
+            passes ``completion_ids=None``.
         columns: the dataset's other columns, each a list of B values, passed to every function by name.
         weights: one weight per function (default 1 each).
+        reward_kwargs: further keyword arguments passed to every function (see above).
 
     Returns:
-        (B,) float32 rewards.
+        (B,) float32 rewards; NaN exactly on the unscored rows (None from every function).
 
     Raises:
-        ValueError: naming the function, if it returns a value that is None or not a number, or not exactly B
-            values; if the weights do not match the functions.
+        ValueError: naming the function, if it does not return exactly B values, or returns something that is not a
+            number or None (a string, a list...); naming the function and the row, if it returns NaN or inf (a
+            reward that cannot be trained on: one step of it makes every parameter NaN); if the weights do not match
+            the functions.
 
-    Source: TRL's GRPOTrainer ``reward_funcs`` / ``reward_weights`` convention.
+    Source: TRL 1.16, ``GRPOTrainer._calculate_rewards`` and the nansum of ``_generate_and_score_completions``
+    (the ``reward_funcs`` / ``reward_weights`` convention, "multi-task reward functions").
     """
     fns = [reward_fn] if callable(reward_fn) else list(reward_fn)
     weights = [1.0] * len(fns) if weights is None else list(weights)
     if not fns or len(weights) != len(fns):
         raise ValueError(f"need at least one reward function and one weight per function, got {len(fns)} "
                          f"function(s) and {len(weights)} weight(s)")
-    total = torch.zeros(len(completions))
+    B = len(completions)
+    kwargs = {**(columns or {}), **(reward_kwargs or {})}
+    ids = None if completion_ids is None else [list(map(int, row)) for row in completion_ids]
+    total, scored = torch.zeros(B), torch.zeros(B, dtype=torch.bool)
     for fn, w in zip(fns, weights, strict=True):
         name = getattr(fn, "__name__", repr(fn))
-        values = list(fn(prompts=list(prompts), completions=list(completions), **(columns or {})))
-        if len(values) != len(completions):
-            raise ValueError(f"reward function {name} returned {len(values)} values for {len(completions)} "
-                             f"completions")
-        bad = [i for i, v in enumerate(values) if not isinstance(v, numbers.Real)]  # None, str, ...
-        if bad:
-            raise ValueError(f"reward function {name} returned {values[bad[0]]!r} at completion {bad[0]}; every "
-                             f"reward must be a number (None is not allowed)")
-        total += w * torch.tensor(values, dtype=torch.float32)
-    return total
+        values = list(fn(prompts=list(prompts), completions=list(completions), completion_ids=ids, **kwargs))
+        if len(values) != B:
+            raise ValueError(f"reward function {name} returned {len(values)} values for {B} completions")
+        for i, v in enumerate(values):
+            if v is not None and not isinstance(v, numbers.Real):  # a str, a list, a tensor...
+                raise ValueError(f"reward function {name} returned {v!r} at completion {i}; every reward must be a "
+                                 f"number, or None where the function does not apply")
+            if v is not None and not math.isfinite(v):
+                raise ValueError(f"reward function {name} returned {v} at completion {i}; rewards must be finite "
+                                 f"(return None where the function does not apply)")
+        applies = torch.tensor([v is not None for v in values], dtype=torch.bool)
+        total += w * torch.tensor([0.0 if v is None else float(v) for v in values])  # None adds 0 (nansum)
+        scored |= applies
+    if not scored.all():
+        row = int((~scored).nonzero()[0])
+        warnings.warn(f"every reward function returned None for {int((~scored).sum())} of {B} completions (first: "
+                      f"row {row}, prompt {prompts[row]!r}, completion {completions[row]!r}); they are unscored and "
+                      f"get advantage 0", stacklevel=2)
+    return torch.where(scored, total, torch.nan)
 
 
 def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:

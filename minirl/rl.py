@@ -44,8 +44,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         train_data: a ``datasets.Dataset`` with a ``prompt`` column and whatever columns the reward reads.
         eval_data: optional held-out Dataset; the mean reward (sampled at cfg.temperature, and greedy) is logged
             before training, every ``cfg.eval_every`` steps and at the end.
-        reward_fn: ``reward_fn(prompts, completions, **columns) -> list[float]`` (TRL's form), or a list of them;
-            None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
+        reward_fn: ``reward_fn(prompts, completions, completion_ids, **columns) -> list[float | None]`` (TRL's
+            form, see ``rewards.score_completions``: it also receives ``trainer_state`` and ``log_metric``), or a
+            list of them; None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
         reward_weights: one weight per reward function (default 1 each).
         ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
@@ -56,8 +57,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         History with one row per step (and held-out metrics on the rows where they were measured).
 
     Raises:
-        ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns
-            None; RuntimeError when dynamic sampling runs out of rounds.
+        ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns a
+            wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
+            that every reward function returned None for. RuntimeError when dynamic sampling runs out of rounds.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
@@ -74,13 +76,17 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     optimizer = make_optimizer(model, critic, cfg)
     beta, history = cfg.beta, History()
     if eval_data is not None:
-        history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn))
+        history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
+                                           reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
 
     for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress, mininterval=PROGRESS_INTERVAL):
         t0 = time.time()
         # 1-2. rollout and reward: G completions per prompt, scored (dynamic sampling repeats both)
+        logged = {}  # what the reward functions report through log_metric(name, value)
+        reward_kwargs = {"trainer_state": TrainerState(global_step=step - 1, max_steps=cfg.steps),
+                         "log_metric": metric_logger(logged)}
         batch, scores, gen_stats = collect(model, tokenizer, train_data, cfg, reward_fn=reward_fn,
-                                           reward_weights=reward_weights, gen=gen)
+                                           reward_weights=reward_weights, gen=gen, reward_kwargs=reward_kwargs)
         old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg)  # (B, T) each
         mask = batch.completion_mask  # (B, T)
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
@@ -105,10 +111,12 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
+        row.update({name: float(np.mean(values)) for name, values in logged.items()})
         if cfg.adaptive_kl and kl_tokens is not None:
             beta = adaptive_kl_beta(beta, row["kl_ref_seq"], target_kl=cfg.target_kl, horizon=cfg.kl_horizon,
                                     n_samples=len(rl_batch))
-        row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn))
+        row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn,
+                                reward_kwargs={"trainer_state": reward_kwargs["trainer_state"]}))
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
@@ -134,13 +142,32 @@ def make_optimizer(model, critic, cfg: RLConfig) -> torch.optim.Optimizer:
 
 
 # ------------------------------------------------------------------------------------------------ 1-2. rollout, reward
-def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_weights, gen: torch.Generator
-            ) -> tuple[rollout.Rollout, Tensor, dict]:
+@dataclass
+class TrainerState:
+    """What a reward function reads as ``trainer_state`` (the two fields of TRL's TrainerState that mean the
+    same here): ``global_step``, optimiser steps done before this rollout (0 at the first), and ``max_steps``."""
+
+    global_step: int
+    max_steps: int
+
+
+def metric_logger(store: dict) -> Callable[[str, float], None]:
+    """The ``log_metric(name, value)`` a reward function receives: values collected by name into ``store`` (the
+    loop logs each name's mean over the step in its History row, as TRL averages them per logging step)."""
+    return lambda name, value: store.setdefault(name, []).append(float(value))
+
+
+def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_weights, gen: torch.Generator,
+            reward_kwargs: dict | None = None) -> tuple[rollout.Rollout, Tensor, dict]:
     """Stages 1-2: prompts_per_step groups of G completions and their (B,) scores, with dynamic sampling
     (DAPO) when switched on: rounds of sampling and scoring until prompts_per_step groups have signal.
 
+    Each reward function receives prompts, completions, completion_ids, the dataset's other columns and
+    ``reward_kwargs`` (``rewards.score_completions``). Scores are NaN on unscored rows (None from every
+    function); they count as no signal for dynamic sampling (``sampling.has_signal``).
+
     Returns:
-        (rollout, scores (B,), generation stats: rounds, samples, share of useful groups).
+        (rollout, scores (B,), generation stats: rounds, samples, share of useful groups, unscored rows).
     """
     G = cfg.group_size
 
@@ -148,7 +175,8 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
         r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, temperature=cfg.temperature)
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
-        s = rewards.score_completions(reward_fn, r.prompts, r.completions, r.columns, reward_weights)  # (B,)
+        s = rewards.score_completions(reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r),
+                                      columns=r.columns, weights=reward_weights, reward_kwargs=reward_kwargs)  # (B,)
         return s, (r, s)
 
     if not cfg.dynamic_sampling:
@@ -156,7 +184,8 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
         signal = sampling.has_signal(scores, G)
         return batch, scores, {"gen_rounds": 1, "gen_samples": scores.numel(),
                                "useful_groups": float(signal.float().mean()),
-                               "useful_groups_in_batch": int(signal.sum())}
+                               "useful_groups_in_batch": int(signal.sum()),
+                               "unscored": int(scores.isnan().sum())}
     per_round = cfg.gen_prompts_per_round or cfg.prompts_per_step
     ds = sampling.dynamic_sampling(lambda i: one_round(i, per_round), cfg.prompts_per_step, G, cfg.max_gen_batches,
                                    cfg.allow_partial_batch)
@@ -168,7 +197,13 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
     # useful_groups_in_batch: groups with signal among those trained on (= prompts_per_step unless partial)
     return rollout.concat(parts, tokenizer.pad_token_id), scores, {
         "gen_rounds": ds.rounds, "gen_samples": ds.samples,
-        "useful_groups": ds.groups_with_signal / max(ds.groups_seen, 1), "useful_groups_in_batch": ds.groups_kept}
+        "useful_groups": ds.groups_with_signal / max(ds.groups_seen, 1), "useful_groups_in_batch": ds.groups_kept,
+        "unscored": int(scores.isnan().sum())}
+
+
+def completion_id_lists(r: rollout.Rollout) -> list[list[int]]:
+    """Each completion's token ids up to and including EOS, padding dropped: TRL's ``completion_ids``."""
+    return [ids[m > 0].tolist() for ids, m in zip(r.completion_ids, r.completion_mask, strict=True)]
 
 
 @torch.no_grad()
@@ -191,10 +226,14 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
 
 
 def shape_rewards(scores: Tensor, batch: rollout.Rollout, cfg: RLConfig) -> Tensor:
-    """(B,) the reward the advantages see: the scores, plus DAPO's overlong penalty when switched on."""
+    """(B,) the reward the advantages see: the scores, plus DAPO's overlong penalty when switched on.
+
+    The penalty is one more reward function that always applies (as in TRL, where it is one of the
+    reward_funcs): an unscored row (NaN) gets the penalty alone, the nansum of TRL."""
     if cfg.overlong_shaping:
-        scores = scores + rewards.overlong_penalty(batch.lengths, max_len=cfg.max_new_tokens,
-                                                   cache_len=cfg.overlong_cache_len)
+        penalty = rewards.overlong_penalty(batch.lengths, max_len=cfg.max_new_tokens,
+                                             cache_len=cfg.overlong_cache_len)
+        scores = torch.nan_to_num(scores, nan=0.0) + penalty
     return scores.to(batch.completion_mask.device)
 
 
@@ -212,6 +251,9 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     mask = batch.completion_mask
     kl_in_reward = kl_tokens is not None and beta > 0 and cfg.kl_placement == "reward"
     if cfg.advantage == "gae":
+        if total_rewards.isnan().any():
+            raise ValueError(f"PPO's critic needs a reward for every completion; {int(total_rewards.isnan().sum())} "
+                             f"completions got None from every reward function (group advantages leave them out)")
         token_rewards = rewards.token_level_rewards(total_rewards, mask)  # (B, T) score on the last token
         if kl_in_reward:
             token_rewards = token_rewards - beta * kl_tokens  # r_t - beta * k(t), detached
@@ -365,7 +407,7 @@ def step_metrics(step: int, stats: list[dict], *, scores: Tensor, total_rewards:
     """One History row: the minibatch stats averaged, the rollout's rewards and lengths, KL to the reference
     per token and per sequence (nats), the critic's explained variance (PPO), and the step's timings (s)."""
     mask = batch.completion_mask
-    row = dict(step=step, reward=float(total_rewards.mean()), score=float(scores.mean()),
+    row = dict(step=step, reward=float(total_rewards.nanmean()), score=float(scores.nanmean()),
                completion_length=float(batch.lengths.float().mean()),
                truncated_rate=float(batch.truncated.float().mean()), **gen_stats,
                **{k: float(np.mean([s[k] for s in stats if k in s])) for k in stats[0]},

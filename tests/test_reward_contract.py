@@ -1,0 +1,324 @@
+"""TRL 1.16's reward contract, as minirl keeps it (issue 23).
+
+A reward function is called by name with ``prompts``, ``completions``, ``completion_ids`` and the dataset's other
+columns (plus ``trainer_state`` and ``log_metric`` in the RL loop). ``None`` for a row means "does not apply": it is
+left out of that function's weighted sum; a row None for every function is warned about, is NaN, is left out of its
+group's mean and std and gets advantage 0, the same numbers as TRL's nanmean / nanstd / nan_to_num. NaN, inf, a
+non-number or a wrong count is an error naming the function (and the row).
+
+The examples of TRL's documentation run here unchanged: "Using a custom reward function", examples 1.1, 3 and 4 of
+docs/source/grpo_trainer.md (TRL 1.16), and the two plain-text functions of ``trl.rewards``
+(``get_soft_overlong_punishment``, ``get_repetition_penalty_reward``), with their documented values. Out of scope:
+the conversational examples (example 2, ``accuracy_reward``, ``think_format_reward``: they read
+``completion[0]["content"]``, and minirl's completions are strings), and example 5 (``async def``: minirl calls
+reward functions synchronously). Example 1 reads a parameter ``completions_ids`` (sic) that TRL never passes: it
+fails in TRL and here alike (tested).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import warnings
+
+import datasets
+import pytest
+import torch
+
+from minirl import config, models, rewards, rl, sampling, tasks
+from minirl.advantages import group_advantages
+from minirl.tokenizer import build_tokenizer
+
+
+# ------------------------------------------------------------------------------------------------ TRL's doc examples
+# Copied as TRL 1.16's docs/source/grpo_trainer.md writes them (Apache-2.0, the HuggingFace team): the point is that
+# they run unchanged.
+def example_1_reward_func(completions_ids, **kwargs):
+    """Reward function that assigns higher scores to longer completions (in terms of token count)."""
+    return [float(len(ids)) for ids in completions_ids]
+
+
+def example_1_1_reward_func(completions, **kwargs):
+    """Reward function that assigns higher scores to longer completions (in terms of character count)."""
+    return [float(len(completion)) for completion in completions]
+
+
+def example_3_reward_func(completions, ground_truth, **kwargs):
+    # Regular expression to capture content inside \boxed{}
+    matches = [re.search(r"\\boxed\{(.*?)\}", completion) for completion in completions]
+    contents = [match.group(1) if match else "" for match in matches]
+    # Reward 1 if the content is the same as the ground truth, 0 otherwise
+    return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]  # noqa: B905 (as the docs write it)
+
+
+def check_math_solution(prompt, completion):  # the docs leave example 4's two helpers to the reader
+    return completion.strip() == {"What is 2+2?": "4", "What is 3*4?": "12"}[prompt]
+
+
+def test_code_solution(prompt, completion):  # noqa: PT028 (the docs' name; not a test)
+    return "return" in completion
+
+
+test_code_solution.__test__ = False  # pytest: not a test
+
+
+def math_reward_func(prompts, completions, task, **kwargs):
+    rewards = []
+    for prompt, completion, t in zip(prompts, completions, task):  # noqa: B905 (as the docs write it)
+        if t == "math":
+            # Calculate math-specific reward
+            correct = check_math_solution(prompt, completion)
+            reward = 1.0 if correct else -1.0
+            rewards.append(reward)
+        else:
+            # Return None for non-math tasks
+            rewards.append(None)
+    return rewards
+
+
+def coding_reward_func(prompts, completions, task, **kwargs):
+    rewards = []
+    for prompt, completion, t in zip(prompts, completions, task):  # noqa: B905 (as the docs write it)
+        if t == "coding":
+            # Calculate coding-specific reward
+            works = test_code_solution(prompt, completion)
+            reward = 1.0 if works else -1.0
+            rewards.append(reward)
+        else:
+            # Return None for non-coding tasks
+            rewards.append(None)
+    return rewards
+
+
+PROMPTS = ["The sky is", "The sun is"]
+COMPLETIONS = [" blue.", " in the sky."]
+COMPLETION_IDS = [[6303, 13], [304, 279, 12884, 13]]
+
+
+def test_doc_example_1_1_character_length():
+    out = rewards.score_completions(example_1_1_reward_func, PROMPTS, COMPLETIONS, completion_ids=COMPLETION_IDS)
+    assert out.tolist() == [6.0, 12.0]  # the docs' values: len(" blue.") = 6, len(" in the sky.") = 12
+
+
+def test_doc_example_1_fails_as_in_trl():
+    """It asks for ``completions_ids``; TRL (and minirl) pass ``completion_ids``: a TypeError in both."""
+    with pytest.raises(TypeError, match="completions_ids"):
+        rewards.score_completions(example_1_reward_func, PROMPTS, COMPLETIONS, completion_ids=COMPLETION_IDS)
+
+
+def test_doc_example_3_ground_truth_column():
+    prompts = ["Problem: Solve the equation $2x + 3 = 7$. Solution:", "Problem: Solve the equation $3x - 5 = 10$."]
+    completions = [r" The solution is \boxed{2}.", r" The solution is \boxed{6}."]
+    out = rewards.score_completions(example_3_reward_func, prompts, completions,
+                                    columns={"ground_truth": ["2", "5"]})
+    assert out.tolist() == [1.0, 0.0]  # the docs' values
+
+
+def test_doc_example_4_multi_task_with_none():
+    """The docs' dataset says task "code" but coding_reward_func tests t == "coding": as written, both functions
+    return None on the code rows, so those are unscored (warned, NaN), in TRL as here. Math rows: 2+2 -> "4" right
+    (+1), 3*4 -> "13" wrong (-1); coding_reward_func's None adds nothing to them (nansum)."""
+    data = {"prompt": ["What is 2+2?", "Write a function that returns the sum of two numbers.", "What is 3*4?",
+                       "Write a function that returns the product of two numbers."],
+            "task": ["math", "code", "math", "code"]}
+    completions = ["4", "def f(a, b): return a + b", "13", "def f(a, b): return a * b"]
+    with pytest.warns(UserWarning, match="every reward function returned None for 2 of 4 completions"):
+        out = rewards.score_completions([math_reward_func, coding_reward_func], data["prompt"], completions,
+                                        columns={"task": data["task"]})
+    assert out[[0, 2]].tolist() == [1.0, -1.0] and out[[1, 3]].isnan().all()
+    # with the task spelled as the function expects, every row is scored: the code rows by coding_reward_func
+    out = rewards.score_completions([math_reward_func, coding_reward_func], data["prompt"], completions,
+                                    columns={"task": ["math", "coding", "math", "coding"]})
+    assert out.tolist() == [1.0, 1.0, -1.0, 1.0]
+
+
+def test_trl_rewards_plain_text_functions_run_unchanged():
+    """trl.rewards' two plain-text functions read ``completion_ids``; their docstring values come back."""
+    trl_rewards = pytest.importorskip("trl.rewards")
+    overlong = trl_rewards.get_soft_overlong_punishment(max_completion_len=100, soft_punish_cache=20)
+    out = rewards.score_completions(overlong, ["p"], ["x"], completion_ids=[[1] * 90])
+    assert out.tolist() == [-0.5]  # (80 - 90) / 20
+    repetition = trl_rewards.get_repetition_penalty_reward(ngram_size=2, max_penalty=-1.0)
+    out = rewards.score_completions(repetition, ["p", "q"], ["a", "b"], completion_ids=[[1, 2, 3, 4], [5] * 5])
+    assert out.tolist() == [0.0, -0.75]  # 4 bigrams of [5]*5, 1 distinct: (1 - 1/4) * -1
+
+
+def test_running_sums_reward_through_trls_reward_path(tmp_path):
+    """minirl's task reward unchanged as a reward_funcs entry of TRL's real GRPOTrainer: its _calculate_rewards
+    (the call with prompts, completions, completion_ids, the columns, trainer_state, log_extra, log_metric) gives
+    the task's scores, next to a function returning None, through TRL's nansum."""
+    trl = pytest.importorskip("trl")
+    from minirl import interop
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+
+    def only_first(prompts, completions, **_):
+        return [0.5] + [None] * (len(prompts) - 1)
+
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="], "answer": ["3", "7"]})
+    args = interop.to_trl(config.make_config("grpo"), output_dir=str(tmp_path / "out"), report_to="none",
+                          use_cpu=True)
+    trainer = trl.GRPOTrainer(model=models.load(str(tmp_path / "m")), args=args, train_dataset=data,
+                              processing_class=tok, reward_funcs=[tasks.running_sums_reward, only_first])
+    completions = ["1+2=3#3", "3#4", "3+4=7#7"]
+    inputs = [{"prompt": p, "answer": a} for p, a in [("1+2=", "3"), ("1+2=", "3"), ("3+4=", "7")]]
+    prompts = [x["prompt"] for x in inputs]
+    ids = [tok(c, add_special_tokens=False).input_ids + [tok.eos_token_id] for c in completions]
+    per_func = trainer._calculate_rewards(inputs, prompts, completions, ids)  # (3, 2), NaN for None
+    assert per_func[:, 0].tolist() == [1.0, 0.0, 1.0] == tasks.running_sums_reward(prompts, completions,
+                                                                                      answer=["3", "3", "7"])
+    trl_total = (per_func * trainer.reward_weights).nansum(dim=1)  # TRL's weighted sum
+    ours = rewards.score_completions([tasks.running_sums_reward, only_first], prompts, completions,
+                                     completion_ids=ids, columns={"answer": ["3", "3", "7"]})
+    assert ours.tolist() == trl_total.tolist() == [1.5, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------------------ None rows
+def test_none_rows_weighted_sum_by_hand():
+    f1 = lambda prompts, completions, **_: [1.0, 0.0, None]  # noqa: E731
+    f2 = lambda prompts, completions, **_: [0.5, None, None]  # noqa: E731
+    with pytest.warns(UserWarning, match=r"1 of 3 completions \(first: row 2"):
+        out = rewards.score_completions([f1, f2], ["p"] * 3, ["a", "b", "c"], weights=[1.0, 2.0])
+    # [1 + 2 * 0.5, 0 + (None adds nothing), every function None -> NaN]
+    assert out[:2].tolist() == [2.0, 0.0] and math.isnan(out[2])
+
+
+def test_no_warning_when_every_row_is_scored():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = rewards.score_completions([lambda prompts, completions, **_: [None, 1.0],
+                                         lambda prompts, completions, **_: [3.0, None]], ["p", "q"], ["a", "b"])
+    assert out.tolist() == [3.0, 1.0]  # each row scored by one function
+
+
+def test_unscored_rows_in_group_advantages_by_hand():
+    """[1, 0, NaN, 0]: mean 1/3 over the 3 scored rows, centred [2/3, -1/3, -, -1/3], unbiased std
+    sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3) = 0.57735; the unscored row gets 0."""
+    r = torch.tensor([1.0, 0.0, math.nan, 0.0])
+    a = group_advantages(r, 4, scale="group")
+    s = 3 ** -0.5 + 1e-4
+    torch.testing.assert_close(a, torch.tensor([2 / 3 / s, -1 / 3 / s, 0.0, -1 / 3 / s]))
+    # scale "none": centred only; a group with one scored row (no baseline) and one with none: all 0
+    torch.testing.assert_close(group_advantages(r, 4, scale="none"), torch.tensor([2 / 3, -1 / 3, 0.0, -1 / 3]))
+    assert group_advantages(torch.tensor([1.0, math.nan, math.nan, math.nan, math.nan] * 1 + [math.nan] * 3),
+                            4, scale="group").tolist() == [0.0] * 8
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_unscored_rows_match_trls_advantage_formula(scale):
+    """TRL 1.16 (multi_objective_aggregation="sum_then_normalize"): nanmean per group, trl's nanstd (per group or
+    of the batch), (r - mean) / (std + 1e-4), then nan_to_num(0). Same numbers on random rewards with NaN rows,
+    groups with one or no scored row included (TRL: std NaN -> advantage 0; minirl: no baseline -> 0)."""
+    pytest.importorskip("trl")
+    from trl.trainer.utils import nanstd
+
+    g = torch.Generator().manual_seed(0)
+    G = 4
+    r = torch.randn(40, generator=g)
+    r[torch.rand(40, generator=g) < 0.3] = math.nan
+    r[8:11] = math.nan  # a group with one scored row
+    r[12:16] = math.nan  # a group with none
+    grouped = r.view(-1, G)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(G)
+    std = (nanstd(grouped, dim=1).repeat_interleave(G) if scale != "batch" else nanstd(r).expand_as(r))
+    trl_adv = r - mean if scale == "none" else (r - mean) / (std + 1e-4)
+    trl_adv = torch.nan_to_num(trl_adv, nan=0.0)
+    torch.testing.assert_close(group_advantages(r, G, scale=scale), trl_adv, atol=1e-6, rtol=1e-6)
+
+
+def test_unscored_rows_and_has_signal():
+    nan = math.nan
+    r = torch.tensor([1, 0, 1, 1, 1, 1, 1, nan, 0, 1, nan, nan, nan, nan, nan])
+    # differ | all equal | two scored rows that differ | one scored row | none scored
+    assert sampling.has_signal(r, 3).tolist() == [True, False, True, False, False]
+    # consistent with the advantages: a group has signal exactly when one of its advantages is non-zero
+    nonzero = group_advantages(r, 3).view(-1, 3).ne(0).any(1)
+    assert torch.equal(sampling.has_signal(r, 3), nonzero)
+
+
+# ------------------------------------------------------------------------------------------------ bad values
+@pytest.mark.parametrize("bad, text", [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")])
+def test_nan_and_inf_are_errors_naming_the_function_and_the_row(bad, text):
+    def shaky(prompts, completions, **_):
+        return [1.0, 0.0, bad]
+
+    with pytest.raises(ValueError, match=rf"shaky returned {text} at completion 2; rewards must be finite"):
+        rewards.score_completions(shaky, ["p"] * 3, ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("bad", ["1.0", [1.0], torch.tensor(1.0)])
+def test_a_non_number_is_an_error_naming_the_function(bad):
+    def odd(prompts, completions, **_):
+        return [bad, 1.0]
+
+    with pytest.raises(ValueError, match=r"odd returned .* at completion 0; every reward must be a number"):
+        rewards.score_completions(odd, ["p", "q"], ["a", "b"])
+
+
+def test_a_wrong_length_is_an_error_naming_the_function():
+    def short(prompts, completions, **_):
+        return [1.0]
+
+    with pytest.raises(ValueError, match="reward function short returned 1 values for 2 completions"):
+        rewards.score_completions(short, ["p", "q"], ["a", "b"])
+
+
+def test_inf_reward_tensor_is_rejected_by_group_advantages():
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        group_advantages(torch.tensor([1.0, math.inf]), 2)
+
+
+# ------------------------------------------------------------------------------------------------ in the loop
+def test_train_rl_passes_the_contract_and_trains_around_unscored_rows():
+    """One GRPO step: the reward function gets completion_ids (the ids up to EOS, matching the texts), the
+    dataset column, trainer_state (global_step 0 of max_steps 1) and log_metric (logged in the History row);
+    it returns None for the prompts of task "skip", which are unscored (warned, advantage 0), and the step is
+    finite and moves the policy."""
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    before = [p.clone() for p in model.parameters()]
+    seen = {}
+
+    def multi_task(prompts, completions, completion_ids, task, trainer_state, log_metric, **_):
+        seen.update(ids=completion_ids, completions=completions, step=trainer_state.global_step,
+                    max_steps=trainer_state.max_steps)
+        log_metric("my_metric", 2.5)
+        return [None if t == "skip" else c.count("1") / max(len(c), 1) for c, t in zip(completions, task, strict=True)]
+
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="], "task": ["count", "skip"]})
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-3,
+                             progress=False, seed=0)
+    with pytest.warns(UserWarning, match="every reward function returned None"):
+        h = rl.train_rl(model, tok, cfg, data, reward_fn=multi_task)
+    assert (seen["step"], seen["max_steps"]) == (0, 1)
+    assert [tok.decode(ids, skip_special_tokens=True) for ids in seen["ids"]] == seen["completions"]
+    row = h.rows[-1]
+    assert row["my_metric"] == 2.5 and row["unscored"] % 4 == 0 and row["unscored"] > 0
+    assert math.isfinite(row["loss"]) and math.isfinite(row["reward"])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
+
+
+def test_ppo_with_unscored_rows_is_an_error():
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    data = datasets.Dataset.from_dict({"prompt": ["1+2="]})
+    cfg = config.make_config("ppo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, progress=False)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="PPO's critic needs a reward"):
+        rl.train_rl(model, tok, cfg, data, reward_fn=lambda prompts, completions, **_: [None] * len(prompts))
+
+
+def test_overlong_shaping_scores_an_unscored_row_as_trl_does():
+    """In TRL the overlong penalty is one more reward function, so a row None for the task is not None for
+    every function: its reward is the penalty alone (nansum). max_len 20, cache 4: lengths 18 and 20 ->
+    -0.5 and -1; task scores [1, None] -> [1 - 0.5, 0 - 1] = [0.5, -1.0]."""
+    from types import SimpleNamespace
+
+    cfg = config.make_config("dapo", max_new_tokens=20, overlong_cache_len=4)
+    batch = SimpleNamespace(lengths=torch.tensor([18.0, 20.0]), completion_mask=torch.ones(2, 20))
+    assert rl.shape_rewards(torch.tensor([1.0, math.nan]), batch, cfg).tolist() == [0.5, -1.0]
