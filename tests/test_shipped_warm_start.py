@@ -20,14 +20,16 @@ def shipped_info() -> dict:
     return json.loads((SHIPPED / "info.json").read_text())
 
 
-def test_the_shipped_checkpoint_is_the_recorded_bytes_and_names_how_it_was_made():
-    info = shipped_info()
-    digest = hashlib.sha256((SHIPPED / "model.safetensors").read_bytes()).hexdigest()
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_the_shipped_checkpoint_is_the_recorded_bytes_and_names_how_it_was_made(kind):
+    shipped = warm_start.SHIPPED_DIR / f"{kind}-cpu-s0"
+    info = json.loads((shipped / "info.json").read_text())
+    digest = hashlib.sha256((shipped / "model.safetensors").read_bytes()).hexdigest()
     assert digest == info["sha256"]["model.safetensors"]
     made = info["made_by"]
     assert made["command"].startswith("OMP_NUM_THREADS=1 python data/make_warm_start.py")
     assert made["threads"] == 1 and len(made["commit"]) >= 7 and not made["commit"].endswith("-dirty")
-    assert info["parameters"] == models.count_parameters(models.load(str(SHIPPED)))
+    assert info["spec"]["kind"] == kind and info["parameters"] == models.count_parameters(models.load(str(shipped)))
 
 
 def test_warm_start_loads_the_shipped_checkpoint_and_never_writes_into_data(monkeypatch):
