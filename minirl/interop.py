@@ -192,9 +192,9 @@ def rloo_trl_kwargs(cfg: RLConfig) -> dict:
     """The keyword arguments of ``trl.RLOOConfig`` (TRL 1.16) for an RLConfig with advantage="rloo".
 
     RLOOTrainer computes the same leave-one-out advantages (normalize_advantages=False) but clips one ratio per
-    sequence, exp(sum_t log-ratio_t), and averages over sequences. minirl has no such ratio; the losses agree in
-    value and gradient on-policy, where every ratio is 1: -1/B sum_i A_i sum_t log pi_t, minirl's
-    agg="seq-mean-token-sum" at level "token". Only that case maps (the ``rloo`` preset); the rest as ``trl_kwargs``.
+    sequence, exp(sum_t log-ratio_t), and averages over sequences. minirl has no such ratio; the gradients agree
+    on-policy, where every ratio is 1: -1/B sum_i A_i grad sum_t log pi_t, minirl's agg="seq-mean-token-sum" at
+    level "token" (the values differ: TRL's -mean A_i, minirl's -1/B sum_i A_i T_i; tested). Only this maps.
 
     Raises:
         NotImplementedError: naming what RLOOTrainer lacks or does differently: num_iterations or num_minibatches

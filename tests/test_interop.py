@@ -647,3 +647,40 @@ def test_rloo_config_gets_every_pinned_field_it_has():
     kw = interop.rloo_trl_kwargs(make_config("rloo"))
     assert {k: kw[k] for k in set(interop._TRL_FIXED) & rloo_fields} == \
         {k: interop._TRL_FIXED[k] for k in set(interop._TRL_FIXED) & rloo_fields}
+def test_rloo_loss_and_gradient_match_trls_rlootrainer_on_policy(tok, base_model, rollout_batch, tmp_path):
+    """One on-policy step: TRL's sequence-ratio loss -mean_i min(rho_i A_i, clip(rho_i) A_i) with rho_i = 1 has the
+    gradient -1/B sum_i A_i grad sum_t log pi_t, minirl's rloo preset (token ratios, seq-mean-token-sum)."""
+    from minirl.advantages import rloo_advantages
+
+    cfg = make_config("rloo", prompts_per_step=2, group_size=G, steps=1, max_grad_norm=1e9)  # compare raw grads
+    args = interop.to_trl(cfg, output_dir=str(tmp_path), report_to="none", use_cpu=True, logging_steps=1)
+    model_m, model_t = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    trainer = trl.RLOOTrainer(model=model_t, reward_funcs=lambda prompts, completions, **_: [0.0] * len(prompts),
+                              args=args, train_dataset=datasets.Dataset.from_dict({"prompt": PROMPTS}),
+                              processing_class=tok)
+    trainer.model.train()
+    b = rollout_batch
+    P, mask = b["prompt_ids"].shape[1], b["mask"]
+    input_ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    attention_mask = torch.cat([b["prompt_mask"], mask.long()], 1)
+    with torch.no_grad():
+        old = rollout.token_logprobs(model_m, input_ids, attention_mask, P) * mask
+    advantages = rloo_advantages(REWARDS, group_size=G)
+    # group [1, 1, 0, 0]: A = 1 - (1 + 0 + 0) / 3 = 2/3 for a right one, 0 - (1 + 1 + 0) / 3 = -2/3 for a wrong one
+    torch.testing.assert_close(advantages, torch.tensor([2, 2, -2, -2, 2, 2, -2, -2]) / 3)
+    inputs = dict(prompt_ids=b["prompt_ids"], prompt_mask=b["prompt_mask"], completion_ids=b["completion_ids"],
+                  completion_mask=mask.long(), advantages=advantages, old_logps=old.sum(1))
+    loss_t = trainer.compute_loss(model_t, inputs)
+    loss_t.backward()
+    mb = rl.RLBatch(input_ids=input_ids, attention_mask=attention_mask, n_prompt_tokens=P, completion_mask=mask,
+                    loss_mask=mask, old_logprobs=old, advantages=advantages)
+    stats = rl.update_minibatch(model_m, torch.optim.SGD(model_m.parameters(), lr=0.0), mb, cfg, beta=0.0)
+    # the VALUES differ: TRL's is -mean_i A_i = 0 (one ratio of 1 per sequence); minirl's sums the token ratios,
+    # -1/B sum_i A_i T_i with T = [4, 8, 14, 2 | 6, 16, 4, 8] tokens: -(2/3) (4 + 8 - 14 - 2 + 6 + 16 - 4 - 8) / 8
+    assert float(loss_t.detach()) == pytest.approx(0.0, abs=TOL)
+    assert stats["loss"] == pytest.approx(-(2 / 3) * 6 / 8, abs=TOL)
+    diff = max(float((p.grad - q.grad).abs().max()) for p, q in zip(model_t.parameters(), model_m.parameters(),
+                                                                     strict=True))
+    scale = max(float(q.grad.abs().max()) for q in model_m.parameters())
+    print(f"max |grad difference| {diff:.2e}, max |grad| {scale:.2f}")
+    assert scale > 1e-3 and diff < 1e-5 * scale, (diff, scale)  # float32 sums over up to 16 tokens: relative
