@@ -119,10 +119,10 @@ def run_arm(name: str, arm: str, *, seed: int = 0, steps: int = STEPS, progress:
     """One run of one arm at the stored budget, from the cpu profile's shipped warm start; returns its record."""
     import copy
 
+    from transformers.utils import logging as hf_logging
+
     from .. import config, rl, tasks
     from ..warm_start import warm_start
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in a stored notebook
     ex = _experiment(name)
@@ -175,7 +175,7 @@ def check_experiment(name: str, runs: dict, *, spread: dict | None = None) -> bo
     ex = _experiment(name)
     spread = (spread or load_spread())["experiments"][name]
     assert isinstance(runs, dict) and set(runs) == set(ex.arms), (
-        f"{name}: run both arms with exercises.run_experiment({name!r}); got {list(runs) if isinstance(runs, dict) else runs!r}")
+        f"{name}: run both arms with run_experiment({name!r}), then pass what it returned")
     for arm, r in runs.items():
         assert r.get("experiment") == name and r.get("arm") == arm and r.get("steps") == STEPS, (
             f"{name}: arm {arm!r} was not run by run_experiment at the stored budget ({STEPS} steps)")
