@@ -52,6 +52,14 @@ def _(fn, gen):
                                     (_softplus(-0.5), REF_ADDED)], what="the loss")
 
 
+@_case(ex, "one pair, the default beta (0.1)", BETA_OUTSIDE)
+def _(fn, gen):
+    loss = _loss(fn(_t([-10.0]), _t([-12.0]), _t([-12.0]), _t([-11.0])))
+    # h = 3: -log sigmoid(0.1 * 3) = softplus(-0.3) = 0.554355; beta 0.5: 0.201413; beta outside: 0.1 * 0.048587
+    _expect(loss, _softplus(-0.3), [(_softplus(-1.5), "the default beta is 0.1"),
+                                    (0.1 * _softplus(-3.0), BETA_OUTSIDE)], what="the loss")
+
+
 @_case(ex, "policy equals reference", BATCH_SUM)
 def _(fn, gen):
     lp = _t([-5.0, -7.0, -9.0])
