@@ -126,7 +126,7 @@ def test_experiment_exercises_in_four_chapters_with_a_stored_spread():
     for path in NOTEBOOKS:
         for c in _nbgrader_cells(_load(path), "grade"):
             if _is_experiment(c):
-                name = re.search(r'run_experiment\("([a-z_]+)"', _src(c))[1]
+                name = re.search(r"run_experiment\(['\"]([a-z_]+)['\"]", _src(c))[1]
                 chapters.add(path.stem[:2])
                 assert experiments.EXPERIMENTS[name].chapter == path.stem[:2]
                 arms = spread["experiments"][name]["arms"]
