@@ -183,7 +183,7 @@ def _nbgrader(args: list[str], course: Path) -> subprocess.CompletedProcess:
     return proc
 
 
-GRADED_EXPERIMENT = "beta"  # the one experiment the round trip runs (each costs about 80 s of training)
+GRADED_EXPERIMENT = "beta"  # the one experiment the round trip runs (each costs 1 to 3 minutes of training)
 
 
 def _solved_copy(release_nb: dict, source_nb: dict) -> dict:

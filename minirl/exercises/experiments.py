@@ -3,7 +3,7 @@
 Each experiment compares two arms of one switch of the RL loop (the KL coefficient, the group size, where the KL
 goes, the upper clip range) with short GRPO runs on the cpu profile, started from the shipped warm start
 (``warm_start("cpu", seed=0)``). The student first records a prediction (``predict``), then runs both arms
-(``run_experiment``; about a minute on two cores), then ``check_experiment`` prints the run beside the spread
+(``run_experiment``; 1 to 3 minutes on two shared cores), then ``check_experiment`` prints the run beside the spread
 stored in ``notebooks/results/exercises/spread.json`` (the same budget, RL seeds 0-2) and says whether the prediction
 held. It grades that a prediction was recorded before the runs and that the runs were done at the stored budget,
 never whether the prediction was right.
