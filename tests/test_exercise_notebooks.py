@@ -39,6 +39,10 @@ def _nbgrader_cells(nb: dict, kind: str) -> list[dict]:
     return [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get(kind)]
 
 
+def _is_experiment(cell: dict) -> bool:
+    return "-experiment-" in cell["metadata"]["nbgrader"]["grade_id"]
+
+
 def test_one_exercise_notebook_per_chapter():
     assert [p.stem for p in NOTEBOOKS] == CHAPTERS  # same names as the main notebooks, in reading order
 
@@ -56,7 +60,10 @@ def test_nbgrader_source_format(path):
                                              "grade_id": c["metadata"]["nbgrader"]["grade_id"], "schema_version": 3}
         src = _src(c)
         assert src.index("### BEGIN SOLUTION") < src.index("### END SOLUTION")
-        assert src.lstrip().startswith("def ")  # the stub keeps the signature and docstring
+        if _is_experiment(c):  # the prediction, recorded after the solution region (the stub never records one)
+            assert src.index("### END SOLUTION") < src.index("experiments.predict(")
+        else:
+            assert src.lstrip().startswith("def ")  # the stub keeps the signature and docstring
     for c in checks:
         meta = c["metadata"]["nbgrader"]
         assert c["cell_type"] == "code"
@@ -65,7 +72,10 @@ def test_nbgrader_source_format(path):
         assert meta["points"] > 0
         src = _src(c)
         assert "assert " in src
-        assert src.index("### BEGIN HIDDEN TESTS") < src.index("### END HIDDEN TESTS")
+        if _is_experiment(c):  # graded on the runs and the prediction on record, nothing hidden to rerun
+            assert "experiments.run_experiment(" in src and "assert experiments.check_experiment(" in src
+        else:
+            assert src.index("### BEGIN HIDDEN TESTS") < src.index("### END HIDDEN TESTS")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -99,8 +109,63 @@ def test_stored_executed_top_to_bottom_without_machine_paths(path):
             text = json.dumps(out)
             for machine_path in ("/work", "/root", "/tmp", "/home/"):
                 assert machine_path not in text
-    passed = [o for c in _nbgrader_cells(nb, "grade") for o in c["outputs"] if "cases passed" in "".join(o["text"])]
-    assert len(passed) == len(_nbgrader_cells(nb, "grade"))
+    checks = [c for c in _nbgrader_cells(nb, "grade") if not _is_experiment(c)]
+    passed = [o for c in checks for o in c["outputs"] if "cases passed" in "".join(o.get("text", ""))]
+    assert len(passed) == len(checks)
+    for c in _nbgrader_cells(nb, "grade"):
+        if _is_experiment(c):
+            assert "the prediction" in "".join("".join(o.get("text", "")) for o in c["outputs"])
+
+
+def test_experiment_exercises_in_four_chapters_with_a_stored_spread():
+    from minirl.exercises import experiments
+
+    spread = experiments.load_spread()
+    assert spread["command"] and spread["commit"] and spread["budget"]["steps"] == experiments.STEPS
+    chapters = set()
+    for path in NOTEBOOKS:
+        for c in _nbgrader_cells(_load(path), "grade"):
+            if _is_experiment(c):
+                name = re.search(r"run_experiment\(['\"]([a-z_]+)['\"]", _src(c))[1]
+                chapters.add(path.stem[:2])
+                assert experiments.EXPERIMENTS[name].chapter == path.stem[:2]
+                arms = spread["experiments"][name]["arms"]
+                assert set(arms) == set(experiments.EXPERIMENTS[name].arms)
+                assert all(len(a["values"]) >= 3 for a in arms.values())  # at least 3 seeds
+    assert len(chapters) >= 4
+
+
+def test_experiment_check_grades_the_runs_not_the_prediction():
+    from minirl.exercises import experiments
+
+    spread = experiments.load_spread()
+    arms = list(experiments.EXPERIMENTS["beta"].arms)
+    fake = {a: {"experiment": "beta", "arm": a, "seed": 0, "steps": experiments.STEPS, "value": 0.01 * (i + 1),
+                "prediction": {"value": arms[0], "time": 0.0}} for i, a in enumerate(arms)}
+    assert experiments.check_experiment("beta", fake, spread=spread)  # a wrong prediction is still graded
+    no_prediction = {a: {**r, "prediction": None} for a, r in fake.items()}
+    with pytest.raises(AssertionError, match="no prediction"):
+        experiments.check_experiment("beta", no_prediction, spread=spread)
+    short = {a: {**r, "steps": 3} for a, r in fake.items()}
+    with pytest.raises(AssertionError, match="stored budget"):
+        experiments.check_experiment("beta", short, spread=spread)
+    experiments._PREDICTIONS.pop("eps_high", None)
+    with pytest.raises(RuntimeError, match="record your prediction first"):
+        experiments.run_experiment("eps_high")
+    with pytest.raises(ValueError, match="predict the name of one arm"):
+        experiments.predict("beta", "beta=1")
+
+
+def test_stored_release_is_current():
+    """notebooks/exercises/release/ is what nbgrader generates from the source notebooks now."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed (pip install -e '.[course]')")
+    sys.path.insert(0, str(EXERCISE_DIR))
+    try:
+        import make_release
+    finally:
+        sys.path.remove(str(EXERCISE_DIR))
+    names = make_release.stale(make_release.generate())
+    assert not names, f"the stored release is stale for {names}: run python notebooks/exercises/make_release.py"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -118,15 +183,23 @@ def _nbgrader(args: list[str], course: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+GRADED_EXPERIMENT = "beta"  # the one experiment the round trip runs (each costs 1 to 3 minutes of training)
+
+
 def _solved_copy(release_nb: dict, source_nb: dict) -> dict:
-    """The release notebook with each solution cell filled in from the source: a student who solved everything."""
+    """The release notebook with each solution cell filled in from the source: a student who solved every function
+    exercise and made the prediction of GRADED_EXPERIMENT (the other experiments' prediction cells left as stubs)."""
     solutions = {c["metadata"]["nbgrader"]["grade_id"]: c["source"] for c in _nbgrader_cells(source_nb, "solution")}
     for c in _nbgrader_cells(release_nb, "solution"):
-        c["source"] = solutions[c["metadata"]["nbgrader"]["grade_id"]]
+        grade_id = c["metadata"]["nbgrader"]["grade_id"]
+        if not _is_experiment(c) or grade_id.startswith(f"{GRADED_EXPERIMENT}-"):
+            c["source"] = solutions[grade_id]
     return release_nb
 
 
-def test_nbgrader_generate_and_autograde(tmp_path):
+def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
+    """Autograde the STORED release (notebooks/exercises/release/): untouched it scores 0; with the solutions (and one
+    experiment exercise done) it scores full marks less the experiments not run."""
     pytest.importorskip("nbgrader", reason="nbgrader is not installed (pip install -e '.[course]')")
     from nbgrader.api import Gradebook
 
@@ -141,10 +214,10 @@ def test_nbgrader_generate_and_autograde(tmp_path):
         "c.Execute.timeout = 300\n"
     )
 
-    _nbgrader(["generate_assignment", ASSIGNMENT, "--force"], course)
-    release = course / "release" / ASSIGNMENT
-    assert sorted(p.name for p in release.glob("*.ipynb")) == [p.name for p in NOTEBOOKS]
-    for path in release.glob("*.ipynb"):
+    _nbgrader(["generate_assignment", ASSIGNMENT, "--force"], course)  # fills the gradebook with the assignment
+    release = sorted((EXERCISE_DIR / "release").glob("*.ipynb"))
+    assert [p.name for p in release] == [p.name for p in NOTEBOOKS]
+    for path in release:
         text = path.read_text()
         for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "seed=2024"):
             assert marker not in text, (path.name, marker)
@@ -153,17 +226,23 @@ def test_nbgrader_generate_and_autograde(tmp_path):
 
     for student in ("solved", "blank"):
         (course / "submitted" / student / ASSIGNMENT).mkdir(parents=True)
-    for path in release.glob("*.ipynb"):
+    for path in release:
         shutil.copy(path, course / "submitted" / "blank" / ASSIGNMENT / path.name)
         solved = _solved_copy(_load(path), _load(EXERCISE_DIR / path.name))
         (course / "submitted" / "solved" / ASSIGNMENT / path.name).write_text(json.dumps(solved))
 
     _nbgrader(["autograde", ASSIGNMENT, "--force"], course)
 
+    from minirl.exercises import experiments
+
+    n_experiments = len(experiments.EXPERIMENTS)
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
         solved = gb.find_submission(ASSIGNMENT, "solved")
         blank = gb.find_submission(ASSIGNMENT, "blank")
-        assert solved.max_score == blank.max_score == 2 * len(exercises.list_exercises())
-        assert solved.score == solved.max_score, {nb.name: nb.score for nb in solved.notebooks}
+        assert solved.max_score == blank.max_score == 2 * (len(exercises.list_exercises()) + n_experiments)
+        not_run = 2 * (n_experiments - 1)  # the experiments whose prediction cell the solved copy leaves blank
+        assert solved.score == solved.max_score - not_run, {nb.name: nb.score for nb in solved.notebooks}
+        graded = gb.find_grade(f"{GRADED_EXPERIMENT}-experiment-check", "01_ppo", ASSIGNMENT, "solved")
+        assert graded.score == graded.max_score == 2  # the experiment exercise, graded
         assert blank.score == 0, {nb.name: nb.score for nb in blank.notebooks}
         assert all(nb.max_score > 0 for nb in blank.notebooks) and len(blank.notebooks) == len(NOTEBOOKS)

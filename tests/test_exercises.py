@@ -1,100 +1,118 @@
-"""The course kit's checker (minirl.exercises): it accepts minirl's own functions, and rejects every named realistic
-mistake with the hint that names it.
+"""The course kit's checker (minirl.exercises): it accepts the exercise notebooks' solutions, refuses a submission
+that calls the minirl function it reimplements, and rejects every named realistic mistake with the hint that names it.
 
 Each wrong implementation below is a bug the field has made in public (token-mean vs sequence mean, ddof, eps inside
 the sqrt, k3 upside down, an old log-prob that is not detached, a mask from the pad id, k3 in the reward, GSPO's
 sequence term broadcast over tokens, GAE reading the value of padding, clip without eps_high, ...). The hand
-arithmetic of every case lives next to the case in minirl/exercises.py.
+arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch06.py.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from minirl import advantages, exercises, kl, losses, preference, rewards, rollout, sampling
+from minirl import advantages, checks, exercises, kl, losses, preference, rewards, rollout, sampling
+from minirl.exercises import _reference as R
 
 # ----------------------------------------------------------------------------------------------------------------
-# minirl's own functions, in each exercise's signature
+# the reference solutions: the solution cells of the exercise notebooks (copies, not minirl's functions: while a
+# check runs, minirl's implementation of the exercise refuses to run)
+
+EXERCISE_DIR = Path(__file__).resolve().parent.parent / "notebooks" / "exercises"
 
 
-def ref_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages_, mask, eps=0.2, beta=0.04):
+def _notebook_solutions() -> dict:
+    """Every function defined in a solution cell of notebooks/exercises/*.ipynb, by name."""
+    found = {}
+    for path in sorted(EXERCISE_DIR.glob("*.ipynb")):
+        scope = {"torch": torch, "F": F, "exp_linear_above": checks.exp_linear_above}
+        for cell in json.loads(path.read_text())["cells"]:
+            meta = cell["metadata"].get("nbgrader", {})
+            text = "".join(cell["source"])
+            if meta.get("solution") and text.lstrip().startswith("def "):
+                exec(text, scope)
+                name = text.split("def ", 1)[1].split("(", 1)[0]
+                found[name] = scope[name]
+    return found
+
+
+REFERENCE = _notebook_solutions()
+
+
+# minirl's own functions in each exercise's signature: the submissions that call through to minirl
+
+
+def minirl_grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages_, mask, *, eps=0.2, beta=0.04):
     pg, _ = losses.policy_loss(logprobs, old_logprobs, advantages_, mask, eps_low=eps, agg="seq-mean-token-mean")
     return pg + beta * losses.aggregate(kl.kl_in_loss(logprobs, ref_logprobs, estimator="k3"), mask,
                                         "seq-mean-token-mean")
 
 
-def ref_kl_reward(scores, logprobs, ref_logprobs, mask, beta):
+def minirl_kl_reward(scores, logprobs, ref_logprobs, mask, *, beta):
     return kl.kl_in_reward(rewards.token_level_rewards(scores, mask), logprobs, ref_logprobs, beta=beta,
                            estimator="k1") * mask
 
 
-def ref_sequence_ratio(logprobs, old_logprobs, mask):
-    """GSPO's s_i read from minirl's policy_loss: its stats are per token, so take it from the loss instead."""
-    # with A = -1 and a clip range that never binds, the sequence loss of a single row is s_i itself
-    return torch.stack([losses.policy_loss(logprobs[i:i + 1], old_logprobs[i:i + 1], -torch.ones(1), mask[i:i + 1],
-                                           eps_low=0.999, eps_high=1e9, level="sequence", agg="seq-mean-token-mean")[0]
-                        if mask[i].sum() > 0
-                        else logprobs.new_ones(()) for i in range(len(mask))])
+def minirl_gspo_token_ratio(logprobs, old_logprobs, mask):
+    # sg[s_i] * pi / sg[pi], with GSPO's sequence ratio s_i
+    return losses.sequence_ratio(logprobs.detach(), old_logprobs, mask).unsqueeze(1) * torch.exp(
+        logprobs - logprobs.detach())
 
 
-def ref_gspo_loss(logprobs, old_logprobs, advantages_, mask, eps_low=3e-4, eps_high=4e-4):
-    return losses.policy_loss(logprobs, old_logprobs, advantages_, mask, eps_low=eps_low, eps_high=eps_high,
-                              level="sequence",
-                              agg="seq-mean-token-mean")
-
-
-def ref_gspo_token_ratio(logprobs, old_logprobs, mask):
-    # sg[s_i] * pi / sg[pi], with s_i from the sequence level
-    s = ref_sequence_ratio(logprobs.detach(), old_logprobs, mask)  # (B,)
-    return s.unsqueeze(1) * torch.exp(logprobs - logprobs.detach())
-
-
-def ref_simpo_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejected_mask, beta=2.0, gamma=1.0):
+def minirl_simpo_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejected_mask, *, beta=2.0, gamma=1.0):
     return preference.simpo_loss(rollout.sequence_logprobs(chosen_logprobs, chosen_mask, reduction="mean"),
-                                 rollout.sequence_logprobs(rejected_logprobs, rejected_mask,
-                                                           reduction="mean"), beta=beta, gamma=gamma)
+                                 rollout.sequence_logprobs(rejected_logprobs, rejected_mask, reduction="mean"),
+                                 beta=beta, gamma=gamma)
 
 
-# minirl takes its settings by keyword; the exercises' signatures take them positionally (a student's first
-# version), so minirl's functions are passed in behind the exercise's own signature
-REFERENCE = {
+def minirl_rloo(rewards_, group_size):
+    return advantages.rloo_advantages(rewards_, group_size=group_size)  # r_i - mean of the other G - 1
+
+
+MINIRL = {
     "completion_mask": rollout.completion_mask,
-    "token_logprobs": lambda model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0: rollout.token_logprobs(
-        model, input_ids, attention_mask, n_prompt_tokens, temperature=temperature),
-    "sequence_logprobs": lambda token_logprobs, mask, reduction="sum": rollout.sequence_logprobs(
-        token_logprobs, mask, reduction=reduction),
-    "gae": lambda rewards, values, mask, gamma=1.0, lam=0.95: advantages.gae(rewards, values, mask, gamma=gamma,
-                                                                             lam=lam),
-    "clipped_surrogate": lambda logprobs, old_logprobs, adv, mask, eps_low=0.2, eps_high=None: losses.policy_loss(
-        logprobs, old_logprobs, adv, mask, eps_low=eps_low, eps_high=eps_high),
-    "value_loss": lambda values, old_values, returns, mask, clip=0.2: losses.value_loss(
-        values, old_values, returns, mask, clip=clip),
-    "group_advantages": lambda rewards, group_size, scale="group", eps=1e-4: advantages.group_advantages(
-        rewards, group_size, scale=scale, eps=eps),
-    "grpo_loss": ref_grpo_loss,
+    "token_logprobs": rollout.token_logprobs,
+    "sequence_logprobs": rollout.sequence_logprobs,
+    "gae": advantages.gae,
+    "clipped_surrogate": losses.policy_loss,
+    "value_loss": losses.value_loss,
+    "group_advantages": advantages.group_advantages,
+    "grpo_loss": minirl_grpo_loss,
+    "rloo_advantages": minirl_rloo,
     "k3": kl.k3,
-    "kl_reward": ref_kl_reward,
+    "kl_reward": minirl_kl_reward,
     "exact_kl": kl.exact_token_kl,
     "aggregate": lambda per_token, mask, mode, max_tokens=None: losses.aggregate(per_token, mask, mode,
                                                                                 max_tokens=max_tokens),
     "overlong_penalty": lambda lengths, max_len, cache_len: rewards.overlong_penalty(lengths, max_len=max_len,
                                                                                      cache_len=cache_len),
     "has_signal": sampling.has_signal,
-    "sequence_ratio": ref_sequence_ratio,
-    "gspo_loss": ref_gspo_loss,
-    "gspo_token_ratio": ref_gspo_token_ratio,
-    "dpo_loss": lambda c, r, ref_c, ref_r, beta=0.1: preference.dpo_loss(c, r, ref_c, ref_r, beta=beta),
-    "ipo_loss": lambda c, r, ref_c, ref_r, tau=0.1: preference.ipo_loss(c, r, ref_c, ref_r, tau=tau),
-    "simpo_loss_from_tokens": ref_simpo_from_tokens,
+    "sequence_ratio": losses.sequence_ratio,
+    "gspo_loss": losses.gspo_loss,
+    "gspo_token_ratio": minirl_gspo_token_ratio,
+    "dpo_loss": preference.dpo_loss,
+    "ipo_loss": preference.ipo_loss,
+    "simpo_loss_from_tokens": minirl_simpo_from_tokens,
 }
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # the named mistakes
+
+def _score_last(scores, mask):
+    """Each row's score on its last valid token (the reward before any KL), from the checker's copy."""
+    return R.kl_reward(scores, torch.zeros_like(mask), torch.zeros_like(mask), mask, beta=0.0)
+
+
+def _simpo(chosen, rejected, beta, gamma):
+    return -F.logsigmoid(beta * (chosen - rejected) - gamma).mean()
+
 
 # 00 · completion_mask
 
@@ -123,7 +141,7 @@ def logprobs_off_by_one(model, input_ids, attention_mask, n_prompt_tokens, tempe
 
 
 def logprobs_ignore_temperature(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0):
-    return rollout.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0)
+    return R.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0)
 
 
 def logprobs_without_attention_mask(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0):
@@ -133,7 +151,7 @@ def logprobs_without_attention_mask(model, input_ids, attention_mask, n_prompt_t
 
 def logprobs_no_grad(model, input_ids, attention_mask, n_prompt_tokens, temperature=1.0):
     with torch.no_grad():
-        return rollout.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature=temperature)
+        return R.token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, temperature=temperature)
 
 
 # 00 · sequence_logprobs
@@ -151,6 +169,10 @@ def seq_logprobs_mean_over_T(token_logprobs, mask, reduction="sum"):
 def seq_logprobs_nan_on_empty(token_logprobs, mask, reduction="sum"):
     total = (token_logprobs * mask).sum(-1)
     return total if reduction == "sum" else total / mask.sum(-1)
+
+
+def seq_logprobs_default_mean(token_logprobs, mask, reduction="mean"):
+    return R.sequence_logprobs(token_logprobs, mask, reduction=reduction)
 
 
 # 01 · gae
@@ -182,7 +204,7 @@ def gae_lam_without_gamma(rewards_, values, mask, gamma=1.0, lam=0.95):
 
 
 def gae_returns_reward_to_go(rewards_, values, mask, gamma=1.0, lam=0.95):
-    adv, _ = advantages.gae(rewards_, values, mask, gamma=gamma, lam=lam)
+    adv, _ = R.gae(rewards_, values, mask, gamma=gamma, lam=lam)
     ret = torch.zeros_like(rewards_)
     running = torch.zeros(len(mask))
     for t in reversed(range(rewards_.shape[1])):
@@ -192,7 +214,7 @@ def gae_returns_reward_to_go(rewards_, values, mask, gamma=1.0, lam=0.95):
 
 
 def gae_values_not_detached(rewards_, values, mask, gamma=1.0, lam=0.95):
-    adv, _ = advantages.gae(rewards_, values.detach(), mask, gamma=gamma, lam=lam)
+    adv, _ = R.gae(rewards_, values.detach(), mask, gamma=gamma, lam=lam)
     return adv + 0 * values, (adv + values) * mask
 
 
@@ -208,7 +230,7 @@ def _surrogate(logprobs, old_logprobs, adv, mask, eps_low, eps_high, *, upside_d
     a = adv.unsqueeze(1)
     unclipped, clipped = -a * ratio, -a * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     per_token = torch.minimum(unclipped, clipped) if optimistic else torch.maximum(unclipped, clipped)
-    return losses.aggregate(per_token, mask, agg)
+    return R.aggregate(per_token, mask, agg)
 
 
 def surrogate_ratio_upside_down(lp, old, adv, mask, eps_low=0.2, eps_high=None):
@@ -244,23 +266,38 @@ def surrogate_exp_before_mask(lp, old, adv, mask, eps_low=0.2, eps_high=None):
     return (per_token * mask).sum() / mask.sum()
 
 
+def surrogate_clip_only(lp, old, adv, mask, eps_low=0.2, eps_high=None):
+    """-A * clip(r, 1 - eps_low, 1 + eps_high) with no max against the unclipped term."""
+    eps_high = eps_low if eps_high is None else eps_high
+    ratio = R.exp_lin((lp - old.detach()) * mask)
+    return R.aggregate(-adv.unsqueeze(1) * ratio.clamp(1 - eps_low, 1 + eps_high), mask, "token-mean")
+
+
+def surrogate_eps_high_none_unbounded(lp, old, adv, mask, eps_low=0.2, eps_high=None):
+    return R.clipped_surrogate(lp, old, adv, mask, eps_low=eps_low, eps_high=math.inf if eps_high is None else eps_high)
+
+
+def surrogate_clamped_log_ratio(lp, old, adv, mask, eps_low=0.2, eps_high=None):
+    return _surrogate(lp, old, adv, mask, eps_low, eps_high)  # exact, except exp(clamp(log-ratio, -20, 20))
+
+
 # 01 · value_loss
 
 
 def value_loss_min(values, old_values, returns, mask, clip=0.2):
     v_clip = old_values + torch.clamp(values - old_values, -clip, clip)
     per_token = 0.5 * torch.minimum((values - returns) ** 2, (v_clip - returns) ** 2)
-    return losses.aggregate(per_token, mask, "token-mean")
+    return R.aggregate(per_token, mask, "token-mean")
 
 
 def value_loss_clip_around_returns(values, old_values, returns, mask, clip=0.2):
     v_clip = returns + torch.clamp(values - returns, -clip, clip)
     per_token = 0.5 * torch.maximum((values - returns) ** 2, (v_clip - returns) ** 2)
-    return losses.aggregate(per_token, mask, "token-mean")
+    return R.aggregate(per_token, mask, "token-mean")
 
 
 def value_loss_without_half(values, old_values, returns, mask, clip=0.2):
-    return 2 * losses.value_loss(values, old_values, returns, mask, clip=clip)[0]
+    return 2 * R.value_loss(values, old_values, returns, mask, clip=clip)
 
 
 # 02 · group_advantages
@@ -302,31 +339,58 @@ def group_adv_nan_on_equal(r, group_size, scale="group", eps=1e-4):
 
 
 def group_adv_none_still_divides(r, group_size, scale="group", eps=1e-4):
-    return advantages.group_advantages(r, group_size, scale="group", eps=eps)
+    return R.group_advantages(r, group_size, scale="group", eps=eps)
 
 
 # 02 · grpo_loss
 
 
 def grpo_token_mean(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="token-mean")
-    return pg + beta * losses.aggregate(kl.k3(lp, ref.detach()), mask, "token-mean")
+    pg = _surrogate(lp, old, adv, mask, eps, eps)
+    return pg + beta * R.aggregate(R.k3(lp, ref.detach()), mask, "token-mean")
 
 
 def grpo_k3_upside_down(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="seq-mean-token-mean")
+    pg = _surrogate(lp, old, adv, mask, eps, eps, agg="seq-mean-token-mean")
     log_r = lp - ref.detach()
-    return pg + beta * losses.aggregate(log_r.exp() - 1 - log_r, mask, "seq-mean-token-mean")
+    return pg + beta * R.aggregate(log_r.exp() - 1 - log_r, mask, "seq-mean-token-mean")
 
 
 def grpo_kl_detached(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="seq-mean-token-mean")
-    return pg + beta * losses.aggregate(kl.k3(lp, ref).detach(), mask, "seq-mean-token-mean")
+    pg = _surrogate(lp, old, adv, mask, eps, eps, agg="seq-mean-token-mean")
+    return pg + beta * R.aggregate(R.k3(lp, ref).detach(), mask, "seq-mean-token-mean")
 
 
 def grpo_k1_in_loss(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
-    pg, _ = losses.policy_loss(lp, old, adv, mask, eps_low=eps, agg="seq-mean-token-mean")
-    return pg + beta * losses.aggregate(kl.k1(lp, ref.detach()), mask, "seq-mean-token-mean")
+    pg = _surrogate(lp, old, adv, mask, eps, eps, agg="seq-mean-token-mean")
+    return pg + beta * R.aggregate((lp - ref.detach()), mask, "seq-mean-token-mean")
+
+
+def grpo_k3_clamped(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
+    pg = _surrogate(lp, old, adv, mask, eps, eps, agg="seq-mean-token-mean")
+    log_r = (ref.detach() - lp) * mask
+    return pg + beta * R.aggregate(log_r.clamp(-20, 20).exp() - 1 - log_r, mask, "seq-mean-token-mean")
+
+
+def grpo_settings_ignored(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
+    return R.grpo_loss(lp, old, ref, adv, mask)  # always eps 0.2, beta 0.04
+
+
+# 02 · rloo_advantages
+
+
+def rloo_self_in_baseline(r, group_size):
+    return R.group_advantages(r, group_size, scale="none")  # r_i - the group mean, r_i included
+
+
+def rloo_divided_by_G(r, group_size):
+    g = r.view(-1, group_size)
+    return (g - (g.sum(1, keepdim=True) - g) / group_size).view(-1)
+
+
+def rloo_no_group_check(r, group_size):
+    g = r.view(-1, group_size)  # a RuntimeError from view, not a ValueError that names the problem
+    return (g - (g.sum(1, keepdim=True) - g) / (group_size - 1)).view(-1)
 
 
 # 03 · k3
@@ -347,6 +411,11 @@ def k3_no_clamp(lp, ref):
     return log_r.exp() - 1 - log_r
 
 
+def k3_clamped(lp, ref):
+    log_r = ref - lp
+    return log_r.clamp(-20, 20).exp() - 1 - log_r
+
+
 # 03 · kl_reward
 
 
@@ -357,22 +426,22 @@ def kl_reward_score_on_last_column(scores, lp, ref, mask, beta):
 
 
 def kl_reward_with_k3(scores, lp, ref, mask, beta):
-    return kl.kl_in_reward(rewards.token_level_rewards(scores, mask), lp, ref, beta=beta, estimator="k3") * mask
+    return (_score_last(scores, mask) - beta * R.k3(lp, ref).detach()) * mask
 
 
 def kl_reward_not_detached(scores, lp, ref, mask, beta):
-    return (rewards.token_level_rewards(scores, mask) - beta * (lp - ref)) * mask
+    return (_score_last(scores, mask) - beta * (lp - ref)) * mask
 
 
 def kl_reward_plus_kl(scores, lp, ref, mask, beta):
-    return (rewards.token_level_rewards(scores, mask) + beta * (lp - ref).detach()) * mask
+    return (_score_last(scores, mask) + beta * (lp - ref).detach()) * mask
 
 
 # 03 · exact_kl
 
 
 def exact_kl_reversed(logits, ref_logits):
-    return kl.exact_token_kl(ref_logits, logits)
+    return R.exact_kl(ref_logits, logits)
 
 
 def exact_kl_naive_zero_prob(logits, ref_logits):
@@ -394,22 +463,22 @@ def agg_always_token_mean(x, mask, mode, max_tokens=None):
 def agg_divides_by_T(x, mask, mode, max_tokens=None):
     if mode == "seq-mean-token-mean":
         return (x * mask).mean(-1).mean()
-    return losses.aggregate(x, mask, mode, max_tokens=max_tokens)
+    return R.aggregate(x, mask, mode, max_tokens=max_tokens)
 
 
 def agg_drgrpo_by_length(x, mask, mode, max_tokens=None):
     if mode == "seq-mean-token-sum-norm":
         mode = "seq-mean-token-mean"
-    return losses.aggregate(x, mask, mode, max_tokens=max_tokens)
+    return R.aggregate(x, mask, mode, max_tokens=max_tokens)
 
 
 def agg_drgrpo_ignores_max_tokens(x, mask, mode, max_tokens=None):
-    return losses.aggregate(x, mask, mode, max_tokens=None)
+    return R.aggregate(x, mask, mode, max_tokens=None)
 
 
 def agg_counts_empty_rows(x, mask, mode, max_tokens=None):
     if mode == "token-mean":
-        return losses.aggregate(x, mask, mode)
+        return R.aggregate(x, mask, mode)
     n = mask.sum(-1)
     per_seq = (x * mask).sum(-1) / (n.clamp(min=1) if mode == "seq-mean-token-mean" else (max_tokens or x.shape[1]))
     return per_seq.mean()
@@ -419,7 +488,7 @@ def agg_nan_on_empty_batch(x, mask, mode, max_tokens=None):
     if mode == "token-mean":
         return (x * mask).sum() / mask.sum()
     valid = mask.sum(-1) > 0
-    return losses.aggregate(x, mask, mode, max_tokens=max_tokens) * valid.sum() / valid.sum()
+    return R.aggregate(x, mask, mode, max_tokens=max_tokens) * valid.sum() / valid.sum()
 
 
 # 04 · overlong_penalty
@@ -430,7 +499,7 @@ def overlong_ramp_late(lengths, max_len, cache_len):
 
 
 def overlong_sign_flipped(lengths, max_len, cache_len):
-    return -rewards.overlong_penalty(lengths, max_len=max_len, cache_len=cache_len)
+    return -R.overlong_penalty(lengths, max_len=max_len, cache_len=cache_len)
 
 
 def overlong_not_clamped_beyond(lengths, max_len, cache_len):
@@ -476,11 +545,11 @@ def gspo_broadcast_over_tokens(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
     a = adv.unsqueeze(1)
     s = s.unsqueeze(1).expand_as(lp)
     per_token = torch.maximum(-a * s, -a * torch.clamp(s, 1 - eps_low, 1 + eps_high))
-    return losses.aggregate(per_token, mask, "token-mean")
+    return R.aggregate(per_token, mask, "token-mean")
 
 
 def gspo_token_level_ratio(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
-    return losses.policy_loss(lp, old, adv, mask, eps_low=eps_low, eps_high=eps_high, agg="seq-mean-token-mean")
+    return _surrogate(lp, old, adv, mask, eps_low, eps_high, agg="seq-mean-token-mean")
 
 
 def gspo_old_not_detached(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
@@ -551,20 +620,20 @@ def ipo_no_reference(c, r, rc, rr, tau=0.1):
 
 
 def simpo_sum_not_mean(c, cm, r, rm, beta=2.0, gamma=1.0):
-    return preference.simpo_loss((c * cm).sum(-1), (r * rm).sum(-1), beta=beta, gamma=gamma)
+    return _simpo((c * cm).sum(-1), (r * rm).sum(-1), beta, gamma)
 
 
 def simpo_mean_over_T(c, cm, r, rm, beta=2.0, gamma=1.0):
-    return preference.simpo_loss((c * cm).mean(-1), (r * rm).mean(-1), beta=beta, gamma=gamma)
+    return _simpo((c * cm).mean(-1), (r * rm).mean(-1), beta, gamma)
 
 
 def simpo_gamma_inside_beta(c, cm, r, rm, beta=2.0, gamma=1.0):
-    cs, rs = rollout.sequence_logprobs(c, cm, reduction="mean"), rollout.sequence_logprobs(r, rm, reduction="mean")
+    cs, rs = R.sequence_logprobs(c, cm, reduction="mean"), R.sequence_logprobs(r, rm, reduction="mean")
     return -F.logsigmoid(beta * (cs - rs - gamma)).mean()
 
 
 def simpo_naive_log_sigmoid(c, cm, r, rm, beta=2.0, gamma=1.0):
-    cs, rs = rollout.sequence_logprobs(c, cm, reduction="mean"), rollout.sequence_logprobs(r, rm, reduction="mean")
+    cs, rs = R.sequence_logprobs(c, cm, reduction="mean"), R.sequence_logprobs(r, rm, reduction="mean")
     return -torch.log(torch.sigmoid(beta * (cs - rs) - gamma)).mean()
 
 
@@ -580,6 +649,7 @@ MISTAKES = [
     ("sequence_logprobs", "padding not masked", seq_logprobs_unmasked, "mask them before reducing"),
     ("sequence_logprobs", "mean over the padded length", seq_logprobs_mean_over_T, "padded length T"),
     ("sequence_logprobs", "NaN for an empty row", seq_logprobs_nan_on_empty, "0/0 = NaN"),
+    ("sequence_logprobs", "mean as the default reduction", seq_logprobs_default_mean, "default reduction is the sum"),
     ("gae", "bootstraps from the value of padding", gae_reads_padding_value, "value of a padding position"),
     ("gae", "lam without gamma", gae_lam_without_gamma, "gamma * lam, not lam alone"),
     ("gae", "returns as reward-to-go", gae_returns_reward_to_go, "not the discounted reward-to-go"),
@@ -591,6 +661,10 @@ MISTAKES = [
     ("clipped_surrogate", "eps_high on both sides", surrogate_eps_high_both_sides, "lower bound 1 - eps_low"),
     ("clipped_surrogate", "seq-mean instead of token-mean", surrogate_seq_mean, "GRPO's seq-mean-token-mean"),
     ("clipped_surrogate", "exp before the mask, no clamp", surrogate_exp_before_mask, "overflows exp()"),
+    ("clipped_surrogate", "the clipped term alone (no max)", surrogate_clip_only, "the clipped term alone"),
+    ("clipped_surrogate", "eps_high=None as no upper bound", surrogate_eps_high_none_unbounded,
+     "not 'no upper bound'"),
+    ("clipped_surrogate", "log-ratio clamped to +-20", surrogate_clamped_log_ratio, "clamped before exp"),
     ("value_loss", "min instead of max", value_loss_min, "MAX of the two squared errors"),
     ("value_loss", "clip around the returns", value_loss_clip_around_returns, "never binds"),
     ("value_loss", "without the 0.5", value_loss_without_half, "HALF the squared error"),
@@ -603,9 +677,15 @@ MISTAKES = [
     ("grpo_loss", "k3 upside down", grpo_k3_upside_down, "k3's ratio is upside down"),
     ("grpo_loss", "KL detached in the loss", grpo_kl_detached, "carries no gradient"),
     ("grpo_loss", "k1 in the loss", grpo_k1_in_loss, "k1 = log pi - log ref in the loss"),
+    ("grpo_loss", "k3's log-ratio clamped to +-20", grpo_k3_clamped, "clamped before exp"),
+    ("grpo_loss", "eps and beta ignored", grpo_settings_ignored, "use the values passed"),
+    ("rloo_advantages", "a sample in its own baseline", rloo_self_in_baseline, "in its own baseline"),
+    ("rloo_advantages", "divided by G instead of G - 1", rloo_divided_by_G, "divided by G"),
+    ("rloo_advantages", "no check of the group layout", rloo_no_group_check, "whole number of groups"),
     ("k3", "ratio upside down", k3_upside_down, "k3's ratio is upside down"),
     ("k3", "plus log r", k3_plus_log, "MINUS log r"),
-    ("k3", "no clamp before exp", k3_no_clamp, "overflows exp()"),
+    ("k3", "no guard before exp", k3_no_clamp, "overflows exp()"),
+    ("k3", "log-ratio clamped to +-20", k3_clamped, "clamped before exp"),
     ("kl_reward", "score on the last column", kl_reward_score_on_last_column, "LAST VALID token"),
     ("kl_reward", "k3 in the reward", kl_reward_with_k3, "KL from a k3 placed in the reward"),
     ("kl_reward", "KL not detached", kl_reward_not_detached, "detach the KL"),
@@ -663,10 +743,101 @@ def test_kit_size():
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
-def test_accepts_minirl(name, capsys):
+def test_accepts_the_reference_solutions(name, capsys):
     n = exercises.check(name, REFERENCE[name])
     assert n == len(exercises.EXERCISES[name].cases) and n >= 3
     assert f"{name}: all {n} cases passed" in capsys.readouterr().out
+    exercises.check(name, REFERENCE[name], seed=2024, quiet=True)  # the hidden rerun of the notebooks
+
+
+@pytest.mark.parametrize("name", list(MINIRL))
+def test_refuses_a_submission_that_calls_minirl(name):
+    with pytest.raises(AssertionError, match=r"the submission calls minirl\.[a-z0-9_.]+, the minirl function this "
+                       "exercise asks you to write; it is not graded"):
+        exercises.check(name, MINIRL[name], quiet=True)
+
+
+def test_refusal_catches_an_alias_and_is_undone_afterwards():
+    from minirl.losses import policy_loss  # a name bound before the check runs
+
+    def through_alias(lp, old, adv, mask, *, eps_low=0.2, eps_high=None):
+        return policy_loss(lp, old, adv, mask, eps_low=eps_low, eps_high=eps_high)
+
+    with pytest.raises(AssertionError, match="calls minirl.losses.policy_loss"):
+        exercises.check("clipped_surrogate", through_alias, quiet=True)
+    lp = torch.tensor([[-1.0, -2.0]])  # after the check, minirl's function works again
+    loss, _ = policy_loss(lp, lp, torch.tensor([1.0]), torch.ones(1, 2))
+    assert loss.item() == -1.0  # ratio 1, A = 1: -(1 + 1) / 2
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_every_exercise_has_a_seeded_random_case(name):
+    """The hidden rerun (another seed) feeds the function inputs it has not seen: some case depends on the seed."""
+
+    def recording(seen):
+        def fn(*args, **kwargs):
+            seen.add(tuple(round(float(a.double().sum()), 6) for a in args if isinstance(a, torch.Tensor)))
+            return REFERENCE[name](*args, **kwargs)
+        return fn
+
+    seen_0, seen_1 = set(), set()
+    exercises.check(name, recording(seen_0), seed=0, quiet=True)
+    exercises.check(name, recording(seen_1), seed=1, quiet=True)
+    assert seen_0 != seen_1 and seen_0 & seen_1  # the hand cases are shared, the random ones differ
+
+
+def test_the_checkers_copies_agree_with_minirl():
+    """The checker's references (minirl/exercises/_reference.py) are copies: they agree with minirl's functions."""
+    g = torch.Generator().manual_seed(0)
+    B, T = 4, 6
+    mask = (torch.arange(T) < torch.tensor([6, 2, 0, 4]).unsqueeze(1)).float()
+    lp, old, ref = (-torch.rand(B, T, generator=g) * 3 for _ in range(3))
+    adv, r = torch.randn(B, generator=g), torch.randint(0, 2, (B * 2,), generator=g).float()
+    close = torch.testing.assert_close
+    close(R.clipped_surrogate(lp, old, adv, mask, eps_low=0.2, eps_high=0.28),
+          losses.policy_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.28)[0])
+    close(R.grpo_loss(lp, old, ref, adv, mask), minirl_grpo_loss(lp, old, ref, adv, mask))
+    close(R.value_loss(lp, old, ref, mask, clip=0.2), losses.value_loss(lp, old, ref, mask, clip=0.2)[0])
+    for a, b in zip(R.gae(lp, old, mask, gamma=0.9, lam=0.8), advantages.gae(lp, old, mask, gamma=0.9, lam=0.8),
+                    strict=True):
+        close(a, b)
+    close(R.group_advantages(r, 4), advantages.group_advantages(r, 4))
+    close(R.rloo_advantages(r, 4), minirl_rloo(r, 4))
+    close(R.k3(lp, ref - 30), kl.k3(lp, ref - 30))  # beyond 20 nats: the same tangent
+    close(R.kl_reward(adv, lp, ref, mask, beta=0.1), minirl_kl_reward(adv, lp, ref, mask, beta=0.1))
+    logits, ref_logits = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    close(R.exact_kl(logits, ref_logits), kl.exact_token_kl(logits, ref_logits))
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        close(R.aggregate(lp, mask, mode, max_tokens=8), losses.aggregate(lp, mask, mode, max_tokens=8))
+    close(R.sequence_ratio(lp, old, mask), losses.sequence_ratio(lp, old, mask))
+    close(R.gspo_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.3),
+          losses.gspo_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.3)[0])
+    close(R.gspo_token_ratio(lp, old, mask), minirl_gspo_token_ratio(lp, old, mask))
+    lengths = torch.arange(10, 30)
+    close(R.overlong_penalty(lengths, max_len=25, cache_len=6), rewards.overlong_penalty(lengths, max_len=25,
+                                                                                          cache_len=6))
+    assert torch.equal(R.has_signal(r, 2), sampling.has_signal(r, 2))
+    ids = torch.randint(0, 4, (5, 7), generator=g)
+    close(R.completion_mask(ids, [1, 3]), rollout.completion_mask(ids, [1, 3]).float())
+    full = mask[[0, 1, 3]]  # minirl raises for the mean of an empty row
+    close(R.sequence_logprobs(lp[[0, 1, 3]], full, reduction="mean"),
+          rollout.sequence_logprobs(lp[[0, 1, 3]], full, reduction="mean"))
+    close(R.sequence_logprobs(lp, mask), rollout.sequence_logprobs(lp, mask))
+    c, rj, rc, rr = (-torch.rand(5, generator=g) * 10 for _ in range(4))
+    close(R.dpo_loss(c, rj, rc, rr, beta=0.3), preference.dpo_loss(c, rj, rc, rr, beta=0.3)[0])
+    close(R.ipo_loss(c, rj, rc, rr, tau=0.3), preference.ipo_loss(c, rj, rc, rr, tau=0.3)[0])
+    m2 = mask[[0, 1, 3]]
+    close(R.simpo_loss_from_tokens(lp[[0, 1, 3]], m2, old[[0, 1, 3]], m2, beta=1.5, gamma=0.3),
+          minirl_simpo_from_tokens(lp[[0, 1, 3]], m2, old[[0, 1, 3]], m2, beta=1.5, gamma=0.3)[0])
+
+
+def test_the_checkers_token_logprobs_copy_agrees_with_minirl():
+    from minirl.exercises.ch00 import _tiny_lm
+
+    model, ids, am, P = _tiny_lm()
+    with torch.no_grad():
+        torch.testing.assert_close(R.token_logprobs(model, ids, am, P, temperature=0.7),
+                                   rollout.token_logprobs(model, ids, am, P, temperature=0.7))
 
 
 @pytest.mark.parametrize("name", list(REFERENCE))
@@ -695,8 +866,8 @@ def test_stub_fails_as_not_implemented(name):
         exercises.check(name, stub)
 
 
-def test_other_seed_random_cases_still_accept_minirl():
-    for name in ("gae", "aggregate", "gspo_loss", "group_advantages"):
+def test_other_seed_random_cases_still_accept_the_references():
+    for name in REFERENCE:
         exercises.check(name, REFERENCE[name], seed=7, quiet=True)
 
 

@@ -3,8 +3,10 @@ student's function on hidden cases.
 
 Each exercise of ``notebooks/exercises/`` asks for one function that minirl implements. The checker runs it on
 cases worked out by hand (values and gradients), on edge cases the field got wrong (groups of equal rewards,
-padding that holds garbage, empty rows, a fully masked batch, extreme log-ratios), and on random inputs compared
-with minirl's own function. The first case that fails raises ``AssertionError`` naming the case and the most
+padding that holds garbage, empty rows, a fully masked batch, extreme log-ratios), and on seeded random inputs
+compared with the checker's own reference copy (``_reference``; the seed makes a hidden rerun a new input). While
+a check runs, the minirl functions the exercise reimplements refuse to run, so a submission that calls them is
+not graded. The first case that fails raises ``AssertionError`` naming the case and the most
 likely mistake, recognised from the wrong value it produces ("this is the per-token mean over the whole batch:
 DAPO's mode, not GRPO's"); the message never shows how to write the function. Every named mistake has a wrong
 implementation in ``tests/test_exercises.py`` that the checker is shown to reject with that hint.
@@ -21,7 +23,9 @@ verdict on every machine and thread count.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -51,6 +55,7 @@ class Exercise:
     chapter: str
     signature: str
     source: str
+    blocked: tuple[str, ...] = ()  # minirl functions (dotted names) a submission may not call while it is graded
     cases: list[tuple[str, str, Callable]] = field(default_factory=list)
 
     def case_names(self) -> list[str]:
@@ -62,8 +67,8 @@ class Exercise:
 EXERCISES: dict[str, Exercise] = {}
 
 
-def _exercise(name: str, chapter: str, signature: str, source: str) -> Exercise:
-    ex = Exercise(name, chapter, signature, source)
+def _exercise(name: str, chapter: str, signature: str, source: str, blocked: tuple[str, ...] = ()) -> Exercise:
+    ex = Exercise(name, chapter, signature, source, blocked)
     EXERCISES[name] = ex
     return ex
 
@@ -119,20 +124,57 @@ def check(name: str, fn: Callable, *, seed: int = 0, quiet: bool = False) -> int
     if not callable(fn):
         raise TypeError(f"check({name!r}, fn) needs a function, got {type(fn).__name__}")
     ex = EXERCISES[name]
-    for i, (case_name, hint, run) in enumerate(ex.cases, start=1):
-        where = f"{name}: case {i}/{len(ex.cases)} '{case_name}' failed"
-        try:
-            run(fn, torch.Generator().manual_seed(1000 * seed + i))
-        except _Mismatch as m:
-            detail = f"\n  ({m.detail})" if m.detail else ""
-            raise AssertionError(f"{where}.\n  Likely mistake: {m.hint or hint}{detail}") from None
-        except NotImplementedError:
-            raise AssertionError(f"{name}: not implemented yet (the function raised NotImplementedError)") from None
-        except Exception as e:  # the student's code crashed: show its error and the case's hint
-            raise AssertionError(f"{where}: the function raised {type(e).__name__}: {e}\n  Hint: {hint}") from e
+    with _refusing(ex.blocked):
+        for i, (case_name, hint, run) in enumerate(ex.cases, start=1):
+            _run_case(ex, fn, i, case_name, hint, run, seed)
     if not quiet:
         print(f"{name}: all {len(ex.cases)} cases passed")
     return len(ex.cases)
+
+
+class _CallsMinirl(Exception):
+    """Raised by a minirl function that the exercise being graded reimplements."""
+
+
+@contextmanager
+def _refusing(blocked: tuple[str, ...]):
+    """While grading, make each minirl function in ``blocked`` raise ``_CallsMinirl`` when called.
+
+    The function's code object is swapped, so every reference to it is caught: ``minirl.losses.policy_loss``,
+    ``from minirl.losses import policy_loss`` made before the check, and the re-export ``minirl.policy_loss``.
+    The checker itself never calls minirl's math (its references are the copies in ``_reference``).
+    """
+    saved = []
+    try:
+        for dotted in blocked:
+            module, attr = dotted.rsplit(".", 1)
+            f = getattr(importlib.import_module(module), attr)
+            scope: dict = {}
+            exec(f"def _refused(*args, **kwargs):\n    raise __import__('minirl.exercises._core', fromlist=['_']"
+                 f")._CallsMinirl({dotted!r})\n", scope)
+            saved.append((f, f.__code__))
+            f.__code__ = scope["_refused"].__code__
+        yield
+    finally:
+        for f, code in saved:
+            f.__code__ = code
+
+
+def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run: Callable, seed: int) -> None:
+    name = ex.name
+    where = f"{name}: case {i}/{len(ex.cases)} '{case_name}' failed"
+    try:
+        run(fn, torch.Generator().manual_seed(1000 * seed + i))
+    except _CallsMinirl as c:
+        raise AssertionError(f"{name}: the submission calls {c.args[0]}, the minirl function this exercise asks "
+                             f"you to write; it is not graded. Write it with torch only.") from None
+    except _Mismatch as m:
+        detail = f"\n  ({m.detail})" if m.detail else ""
+        raise AssertionError(f"{where}.\n  Likely mistake: {m.hint or hint}{detail}") from None
+    except NotImplementedError:
+        raise AssertionError(f"{name}: not implemented yet (the function raised NotImplementedError)") from None
+    except Exception as e:  # the student's code crashed: show its error and the case's hint
+        raise AssertionError(f"{where}: the function raised {type(e).__name__}: {e}\n  Hint: {hint}") from e
 
 
 def _fmt(t: Tensor) -> str:
@@ -223,15 +265,22 @@ def _expect_raises(call: Callable, exc: type[Exception], hint: str) -> None:
     raise _Mismatch(hint, f"nothing was raised, expected {exc.__name__}")
 
 
-NEEDS_FINITE = ("a {n}-nat log-ratio overflows exp() to inf (and inf * 0 = NaN at a masked position): clamp the "
-                "log-ratio (e.g. to +-20 nats) before exp, and mask before exp, not after")
+NEEDS_FINITE = ("a {n}-nat log-ratio overflows exp() to inf (and inf * 0 = NaN at a masked position): mask the "
+                "log-ratio before exp, not after, and keep exp finite above about 20 nats by continuing it along its "
+                "tangent, e^20 * (1 + x - 20) (minirl's checks.exp_linear_above)")
+CLAMPED = ("the log-ratio was clamped before exp: that keeps the value finite but the gradient beyond the clamp is "
+           "wrong (0 through the ratio, so the -log r term of k3 alone gives it the wrong sign, and a surrogate "
+           "term that should pull the ratio back stops): continue exp along its tangent above about 20 nats, "
+           "e^20 * (1 + x - 20), instead of clamping")
 OLD_DETACHED = ("old_logprobs was not treated as a constant: when it is the very tensor logprobs (the first "
                 "update on-policy) the ratio's gradient vanishes; detach the behaviour policy's log-probs")
 
 
-def _expect_finite(out, wrt: Tensor, what: str) -> None:
-    """Raise ``_Mismatch`` (the case's own hint) unless ``out`` and its gradient with respect to ``wrt`` are finite."""
+def _expect_finite(out, wrt: Tensor, what: str) -> Tensor:
+    """Raise ``_Mismatch`` (the case's own hint) unless ``out`` and its gradient with respect to ``wrt`` are finite;
+    return the gradient."""
     out_t = _as_tensor(out, what)
     g = _grad(out, wrt)
     if not (torch.isfinite(out_t).all() and torch.isfinite(g).all()):
         raise _Mismatch(None, f"{what} {_fmt(out_t)}, gradient {_fmt(g)}")
+    return g

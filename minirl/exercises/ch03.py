@@ -1,6 +1,7 @@
 """Exercises of chapter 03: KL estimators.
 
-Each case is worked out by hand, or compared with minirl's own function on seeded inputs."""
+Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
+(``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import math
 import torch
 from torch import Tensor
 
+from . import _reference as ref
 from ._core import (
+    CLAMPED,
     NEEDS_FINITE,
     _as_tensor,
     _case,
@@ -28,7 +31,8 @@ from .ch02 import K3_UPSIDE_DOWN
 # 03 · KL estimators
 
 
-ex = _exercise("k3", "03", "k3(logprobs, ref_logprobs) -> (B, T)", "minirl.kl.k3")
+ex = _exercise("k3", "03", "k3(logprobs, ref_logprobs) -> (B, T)", "minirl.kl.k3",
+               ("minirl.kl.k3", "minirl.kl.kl_in_loss", "minirl.kl.kl_estimate"))
 K3_SIGN = "k3 = r - 1 - log r, with MINUS log r: that is what makes it never negative"
 
 
@@ -52,23 +56,26 @@ def _(fn, gen):
 
 @_case(ex, "random log-probs: never negative, same as the definition", K3_SIGN)
 def _(fn, gen):
-    from ..kl import k3
-
-    lp, ref = -torch.rand(4, 7, generator=gen) * 5, -torch.rand(4, 7, generator=gen) * 5
-    _expect(fn(lp, ref), k3(lp, ref), atol=1e-5)
+    lp, ref_lp = -torch.rand(4, 7, generator=gen) * 5, -torch.rand(4, 7, generator=gen) * 5
+    _expect(fn(lp, ref_lp), ref.k3(lp, ref_lp), atol=1e-5)
 
 
 @_case(ex, "an extreme log-ratio (100 nats)", NEEDS_FINITE.format(n=100))
 def _(fn, gen):
     lp = _leaf([[-100.0, -1.0]])
     out = fn(lp, _t([[-0.01, -1.0]]))
-    _expect_finite(out, lp, "k3")
+    g = _expect_finite(out, lp, "k3")
+    # d k3 / d lp = 1 - r with r = e^99.99: hugely negative (the tangent above 20 nats: 1 - e^20); a clamped
+    # log-ratio leaves only the -log r term, whose gradient is +1
+    if not g[0, 0] < 0:
+        raise _Mismatch(CLAMPED, f"the gradient on the 100-nat token is {float(g[0, 0]):.4g}, expected < 0")
 
 
 # ---------------------------------------------------------------------------------------------- kl_in_reward
 
-ex = _exercise("kl_reward", "03", "kl_reward(scores, logprobs, ref_logprobs, mask, beta) -> (B, T) token rewards",
-               "minirl.rewards.token_level_rewards + minirl.kl.kl_in_reward(..., 'k1'), masked")
+ex = _exercise("kl_reward", "03", "kl_reward(scores, logprobs, ref_logprobs, mask, *, beta) -> (B, T) token rewards",
+               "minirl.rewards.token_level_rewards + minirl.kl.kl_in_reward(..., 'k1'), masked",
+               ("minirl.kl.kl_in_reward", "minirl.rewards.token_level_rewards"))
 LAST_COLUMN = ("the score belongs on each row's LAST VALID token, not on the last column (padding for every row "
                "shorter than T)")
 K3_IN_REWARD = ("KL from a k3 placed in the reward: in the reward the penalty is k1 = log pi - log ref, whose "
@@ -83,7 +90,7 @@ _KLR_MASK = [[1, 1, 1], [1, 1, 0]]
 
 @_case(ex, "two rows by hand, the second padded", LAST_COLUMN)
 def _(fn, gen):
-    got = fn(_t([1.0, 1.0]), _t(_KLR_LP), _t(_KLR_REF), _t(_KLR_MASK), 0.1)
+    got = fn(_t([1.0, 1.0]), _t(_KLR_LP), _t(_KLR_REF), _t(_KLR_MASK), beta=0.1)
     got = _as_tensor(got, "the rewards") * _t(_KLR_MASK)
     # k1 = lp - ref: (0.5, 0, -0.5) and (0, -1); -0.1 * k1, then + score 1 on the last valid token:
     # row 0 (-0.05, 0, 0.05 + 1) ; row 1 (0, 0.1 + 1, pad)
@@ -97,14 +104,14 @@ def _(fn, gen):
 
 @_case(ex, "padding gets no reward", "positions outside the mask must hold 0 (no KL, no score)")
 def _(fn, gen):
-    got = _as_tensor(fn(_t([1.0, 1.0]), _t(_KLR_LP), _t(_KLR_REF), _t(_KLR_MASK), 0.1), "the rewards")
+    got = _as_tensor(fn(_t([1.0, 1.0]), _t(_KLR_LP), _t(_KLR_REF), _t(_KLR_MASK), beta=0.1), "the rewards")
     _expect(got * (1 - _t(_KLR_MASK)), [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [([[0, 0, 0], [0, 0, 1.0]], LAST_COLUMN)],
             what="the rewards at padding")
 
 
 @_case(ex, "the reward is detached", REWARD_GRAD)
 def _(fn, gen):
-    out = fn(_t([1.0, 1.0]), _leaf(_KLR_LP), _t(_KLR_REF), _t(_KLR_MASK), 0.1)
+    out = fn(_t([1.0, 1.0]), _leaf(_KLR_LP), _t(_KLR_REF), _t(_KLR_MASK), beta=0.1)
     if isinstance(out, Tensor) and out.requires_grad:
         raise _Mismatch()
 
@@ -112,20 +119,17 @@ def _(fn, gen):
 @_case(ex, "random batch with an empty row", "compare with the hand case: -beta * k1 on valid tokens, the score on "
        "the last valid token, nothing for a row with no valid token")
 def _(fn, gen):
-    from ..kl import kl_in_reward
-    from ..rewards import token_level_rewards
-
     mask = _prefix_mask([4, 0, 2], 4)
     scores = torch.rand(3, generator=gen)
-    lp, ref = -torch.rand(3, 4, generator=gen) * 3, -torch.rand(3, 4, generator=gen) * 3
-    want = kl_in_reward(token_level_rewards(scores, mask), lp, ref, beta=0.05, estimator="k1") * mask
-    _expect(_as_tensor(fn(scores, lp, ref, mask, 0.05), "the rewards") * mask, want)
+    lp, ref_lp = -torch.rand(3, 4, generator=gen) * 3, -torch.rand(3, 4, generator=gen) * 3
+    want = ref.kl_reward(scores, lp, ref_lp, mask, beta=0.05)
+    _expect(_as_tensor(fn(scores, lp, ref_lp, mask, beta=0.05), "the rewards") * mask, want)
 
 
 # ------------------------------------------------------------------------------------------------- exact_kl
 
 ex = _exercise("exact_kl", "03", "exact_kl(logits, ref_logits) -> (B, T) KL(pi || ref) summed over the vocabulary",
-               "minirl.kl.exact_token_kl")
+               "minirl.kl.exact_token_kl", ("minirl.kl.exact_token_kl",))
 REVERSED_KL = ("this is KL(ref || pi), the forward KL; the penalty is KL(pi || ref): weight the log-ratio by the "
                "POLICY's probabilities")
 ZERO_PROB = ("a token with zero probability under the policy (logit -inf, e.g. a masked vocabulary) gave "
@@ -156,7 +160,6 @@ def _(fn, gen):
 
 @_case(ex, "random (B, T, V) logits against the definition", REVERSED_KL)
 def _(fn, gen):
-    from ..kl import exact_token_kl
-
-    logits, ref = torch.randn(2, 3, 5, generator=gen) * 2, torch.randn(2, 3, 5, generator=gen) * 2
-    _expect(fn(logits, ref), exact_token_kl(logits, ref))
+    logits, ref_logits = torch.randn(2, 3, 5, generator=gen) * 2, torch.randn(2, 3, 5, generator=gen) * 2
+    _expect(fn(logits, ref_logits), ref.exact_kl(logits, ref_logits),
+            [(ref.exact_kl(ref_logits, logits), REVERSED_KL)])

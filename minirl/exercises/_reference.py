@@ -1,0 +1,181 @@
+"""The checker's own reference solutions, in each exercise's signature: copies written with torch only.
+
+The random cases compare a student's function with these, never with minirl's functions, so that while ``check``
+runs minirl's implementation of the exercise can be refused (a submission that calls it is not graded), and so
+that the checker is an independent second implementation of each equation. ``tests/test_exercises.py`` shows they
+agree with minirl's functions on random inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+CAP = 20.0  # nats above which exp is continued by its tangent (minirl's checks.exp_linear_above)
+
+
+def exp_lin(x: Tensor) -> Tensor:
+    """exp(x), continued linearly above CAP nats: finite, increasing, with the exact gradient's sign."""
+    return torch.where(x <= CAP, torch.exp(x.clamp(max=CAP)), math.exp(CAP) * (1 + (x - CAP)))
+
+
+def completion_mask(completion_ids, eos_token_id):
+    eos = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id))
+    is_eos = torch.isin(completion_ids, eos).long()
+    return ((torch.cumsum(is_eos, 1) - is_eos) == 0).float()  # up to and including the first EOS
+
+
+def token_logprobs(model, input_ids, attention_mask, n_prompt_tokens, *, temperature=1.0):
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits.float() / temperature
+    logits = logits[:, n_prompt_tokens - 1:-1]  # position t predicts token t + 1
+    return torch.log_softmax(logits, -1).gather(-1, input_ids[:, n_prompt_tokens:, None]).squeeze(-1)
+
+
+def sequence_logprobs(token_logprobs, mask, *, reduction="sum"):
+    m = mask.to(token_logprobs.dtype)
+    total = torch.where(m > 0, token_logprobs, 0.0).sum(-1)
+    return total if reduction == "sum" else total / m.sum(-1).clamp(min=1)
+
+
+def gae(rewards, values, mask, *, gamma=1.0, lam=0.95):
+    m = mask.float()
+    r, v = torch.where(m > 0, rewards.float(), 0.0), torch.where(m > 0, values.detach().float(), 0.0)
+    adv = torch.zeros_like(r)
+    next_v, next_a = torch.zeros(len(r)), torch.zeros(len(r))
+    for t in reversed(range(r.shape[1])):
+        adv[:, t] = (r[:, t] + gamma * next_v - v[:, t] + gamma * lam * next_a) * m[:, t]
+        next_v, next_a = v[:, t] * m[:, t], adv[:, t]
+    return adv, (adv + v) * m
+
+
+def _token_mean(per_token, m):
+    return torch.where(m > 0, per_token, 0.0).sum() / m.sum().clamp(min=1)
+
+
+def _seq_mean_token_mean(per_token, m):
+    n = m.sum(-1)
+    per_seq = torch.where(m > 0, per_token, 0.0).sum(-1) / n.clamp(min=1)
+    return (per_seq * (n > 0)).sum() / (n > 0).sum().clamp(min=1)
+
+
+def clipped_surrogate(logprobs, old_logprobs, advantages, mask, *, eps_low=0.2, eps_high=None):
+    eps_high = eps_low if eps_high is None else eps_high
+    m = mask.to(logprobs.dtype)
+    ratio = exp_lin(torch.where(m > 0, logprobs - old_logprobs.detach(), 0.0))
+    a = advantages.unsqueeze(1)
+    return _token_mean(torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps_low, 1 + eps_high)), m)
+
+
+def value_loss(values, old_values, returns, mask, *, clip=0.2):
+    v_clip = old_values + (values - old_values).clamp(-clip, clip)
+    return _token_mean(0.5 * torch.maximum((values - returns) ** 2, (v_clip - returns) ** 2), mask.to(values.dtype))
+
+
+def group_advantages(rewards, group_size, *, scale="group", eps=1e-4):
+    if rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards are not a whole number of groups of {group_size}")
+    r = rewards.float().view(-1, group_size)
+    equal = (r == r[:, :1]).all(1, keepdim=True)
+    centred = torch.where(equal, 0.0, r - r.mean(1, keepdim=True))
+    if scale == "group":
+        centred = centred / torch.where(equal, 1.0, r.std(1, keepdim=True) + eps)
+    return centred.view(-1)
+
+
+def rloo_advantages(rewards, group_size, *, scale="none", eps=1e-4):
+    if group_size < 2 or rewards.numel() % group_size:
+        raise ValueError(f"{rewards.numel()} rewards are not a whole number of groups of {group_size} >= 2")
+    r = rewards.float().view(-1, group_size)
+    others = (r.sum(1, keepdim=True) - r) / (group_size - 1)  # mean of the G - 1 other rewards
+    adv = r - others
+    equal = (r == r[:, :1]).all(1, keepdim=True)
+    adv = torch.where(equal, 0.0, adv)
+    if scale == "group":
+        adv = adv / torch.where(equal, 1.0, r.std(1, keepdim=True) + eps)
+    return adv.view(-1)
+
+
+def k3(logprobs, ref_logprobs):
+    log_r = ref_logprobs - logprobs
+    return exp_lin(log_r) - 1 - log_r
+
+
+def grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps=0.2, beta=0.04):
+    m = mask.to(logprobs.dtype)
+    ratio = exp_lin(torch.where(m > 0, logprobs - old_logprobs.detach(), 0.0))
+    a = advantages.unsqueeze(1)
+    pg = torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps, 1 + eps))
+    kl = k3(logprobs, torch.where(m > 0, ref_logprobs.detach(), logprobs.detach()))
+    return _seq_mean_token_mean(pg, m) + beta * _seq_mean_token_mean(kl, m)
+
+
+def kl_reward(scores, logprobs, ref_logprobs, mask, *, beta):
+    m = mask.float()
+    n = m.sum(-1).long()
+    out = -beta * (logprobs - ref_logprobs).detach() * m
+    rows = torch.nonzero(n > 0).squeeze(1)
+    out[rows, n[rows] - 1] += scores[rows]
+    return out * m
+
+
+def exact_kl(logits, ref_logits):
+    logp, ref_logp = F.log_softmax(logits, -1), F.log_softmax(ref_logits, -1)
+    p = logp.exp()
+    return torch.where(p > 0, p * (logp - ref_logp), 0.0).sum(-1)
+
+
+def aggregate(per_token, mask, mode, *, max_tokens=None):
+    m = mask.to(per_token.dtype)
+    if mode == "token-mean":
+        return _token_mean(per_token, m)
+    if mode == "seq-mean-token-mean":
+        return _seq_mean_token_mean(per_token, m)
+    n = m.sum(-1)
+    per_seq = torch.where(m > 0, per_token, 0.0).sum(-1) / (max_tokens or per_token.shape[1])
+    return (per_seq * (n > 0)).sum() / (n > 0).sum().clamp(min=1)
+
+
+def overlong_penalty(lengths, *, max_len, cache_len):
+    return ((max_len - cache_len - lengths.float()) / cache_len).clamp(-1, 0)
+
+
+def has_signal(rewards, group_size):
+    g = rewards.view(-1, group_size)
+    return (g != g[:, :1]).any(1)
+
+
+def sequence_ratio(logprobs, old_logprobs, mask):
+    m = mask.to(logprobs.dtype)
+    mean_lr = torch.where(m > 0, logprobs - old_logprobs.detach(), 0.0).sum(-1) / m.sum(-1).clamp(min=1)
+    return exp_lin(mean_lr)
+
+
+def gspo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=3e-4, eps_high=4e-4):
+    s = sequence_ratio(logprobs, old_logprobs, mask)
+    valid = mask.sum(-1) > 0
+    per_seq = torch.maximum(-advantages * s, -advantages * s.clamp(1 - eps_low, 1 + eps_high))
+    return (per_seq * valid).sum() / valid.sum().clamp(min=1)
+
+
+def gspo_token_ratio(logprobs, old_logprobs, mask):
+    s = sequence_ratio(logprobs.detach(), old_logprobs, mask)
+    return s.unsqueeze(1) * torch.exp(logprobs - logprobs.detach())
+
+
+def dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *, beta=0.1):
+    h = (chosen_logps - ref_chosen_logps.detach()) - (rejected_logps - ref_rejected_logps.detach())
+    return -F.logsigmoid(beta * h).mean()
+
+
+def ipo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *, tau=0.1):
+    h = (chosen_logps - ref_chosen_logps.detach()) - (rejected_logps - ref_rejected_logps.detach())
+    return ((h - 1 / (2 * tau)) ** 2).mean()
+
+
+def simpo_loss_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejected_mask, *, beta=2.0, gamma=1.0):
+    c = sequence_logprobs(chosen_logprobs, chosen_mask, reduction="mean")
+    r = sequence_logprobs(rejected_logprobs, rejected_mask, reduction="mean")
+    return -F.logsigmoid(beta * (c - r) - gamma).mean()
