@@ -78,7 +78,9 @@ def _finite_rewards(rewards: Tensor) -> None:
     ndim("rewards", rewards, 1, "(B,)")
     if not torch.isfinite(rewards).all():
         bad = int((~torch.isfinite(rewards)).nonzero()[0])
-        raise ValueError(f"rewards must be finite; entry {bad} is {rewards[bad].item()}")
+        raise ValueError(f"rewards must be finite; entry {bad} is {rewards[bad].item()} (NaN is a row no reward "
+                         f"function scored: group_advantages leaves such rows out, RLOO and REINFORCE++ do not "
+                         f"support them yet)")
 
 
 def _groups(rewards: Tensor, group_size: int, who: str) -> None:
