@@ -1,7 +1,10 @@
 """``python -m minirl bench``: where the time of one RL step goes, for the tiny dense and the tiny MoE model.
 
-Each step is the GRPO data path split into its parts: generation (``generate``), the no-grad log-prob forwards
-(behaviour policy and reference), the training forward with the loss, the backward pass, and the optimiser step.
+Each step is the trainer's own stages (``rl.train_rl``'s functions, called in its order): generation
+(``rl.collect``: the decode loop, decoding and scoring), the no-grad log-prob forwards (``rl.behaviour_logprobs``:
+pi_old where the step needs it, and the reference), and the update (``rl.update_minibatch`` for every minibatch),
+split into its training forward, its backward (with the loss and the gradient clipping) and its optimiser step.
+Every completion has exactly ``max_new_tokens`` tokens (``min_new_tokens``), so every step does the same work.
 Figures are medians over ``repeats`` steps after one warm-up step. Memory: on a GPU, the peak allocated CUDA memory
 of each model's steps (``peak_memory_mb`` under each model); on CPU the operating system only gives the process's
 peak resident set, which covers both models and the Python runtime, so it is reported once (``peak_rss_mb``).
@@ -11,7 +14,6 @@ The result is printed as JSON and not saved.
 from __future__ import annotations
 
 import contextlib
-import copy
 import platform
 import resource
 import statistics
@@ -20,8 +22,8 @@ from collections.abc import Iterator
 
 import torch
 
-from . import advantages, losses, models, rollout, tasks
-from .config import resolve_profile, set_seed
+from . import models, rl, tasks
+from .config import make_config, resolve_profile, set_seed
 from .tokenizer import build_tokenizer
 
 
@@ -34,65 +36,71 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
-def bench_model(model, tokenizer, prompts, answers, *, group_size: int, max_new_tokens: int, repeats: int,
-                device: str) -> dict:
-    """Time ``repeats`` GRPO steps of ``model`` (after one warm-up) and return the median of each part (seconds)."""
-    ref = copy.deepcopy(model).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+@contextlib.contextmanager
+def _timed(module, name: str, seconds: list[float], device: str) -> Iterator[None]:
+    """For the block, ``module.name`` also adds its wall time to ``seconds`` (to split the update into parts)."""
+    original = getattr(module, name)
+
+    def timed(*args, **kwargs):
+        _sync(device)
+        t0 = time.perf_counter()
+        result = original(*args, **kwargs)
+        _sync(device)
+        seconds.append(time.perf_counter() - t0)
+        return result
+
+    setattr(module, name, timed)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def bench_model(model, tokenizer, data, cfg, *, repeats: int, device: str) -> dict:
+    """Time ``repeats`` RL steps of ``model`` under ``cfg`` (after one warm-up) with the trainer's own stages, and
+    return the median of each part (seconds). ``data`` is a dataset slice with ``prompt`` and ``answer``."""
+    ref = rl.reference_model(model, None, cfg)
+    optimizer = rl.make_optimizer(model, None, cfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
     parts = {k: [] for k in ("generate", "logprob_forwards", "train_forward", "backward", "optimizer", "total")}
     tokens = []
     for i in range(repeats + 1):
         t = {}
         _sync(device)
         t0 = time.perf_counter()
-        model.eval()
-        with torch.no_grad():
-            enc = tokenizer(prompts, return_tensors="pt", padding=True).to(device)
-            ids = enc.input_ids.repeat_interleave(group_size, 0)
-            am = enc.attention_mask.repeat_interleave(group_size, 0)
-            out = model.generate(input_ids=ids, attention_mask=am, max_new_tokens=max_new_tokens, do_sample=True,
-                                 temperature=1.0, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
-                                 eos_token_id=tokenizer.eos_token_id)
-            _sync(device)
-            t["generate"] = time.perf_counter() - t0
-            P = ids.shape[1]
-            mask = rollout.completion_mask(out[:, P:], tokenizer.eos_token_id)
-            full_am = torch.cat([am, mask.long()], 1)
-            t1 = time.perf_counter()
-            old = rollout.token_logprobs(model, out, full_am, P)
-            rollout.token_logprobs(ref, out, full_am, P)
-            _sync(device)
-            t["logprob_forwards"] = time.perf_counter() - t1
-        model.train()
-        texts = tokenizer.batch_decode(out[:, P:], skip_special_tokens=True)
-        reward = torch.tensor([tasks.score(c, a).reward for c, a in
-                               zip(texts, [a for a in answers for _ in range(group_size)], strict=True)])
-        adv = advantages.group_advantages(reward, group_size).to(device)
+        batch, scores, _ = rl.collect(model, tokenizer, data, cfg, reward_fn=tasks.running_sums_reward,
+                                      reward_weights=None, gen=gen, min_new_tokens=cfg.max_new_tokens)
+        _sync(device)
+        t["generate"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        old, ref_lp, routes = rl.behaviour_logprobs(model, ref, batch, cfg)
+        _sync(device)
+        t["logprob_forwards"] = time.perf_counter() - t1
+        advantages_, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg,
+                                                  beta=cfg.beta)
+        rl_batch = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                              n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
+                              loss_mask=rl.loss_mask(batch, cfg), old_logprobs=old, advantages=advantages_,
+                              ref_logprobs=ref_lp, routes=routes)
+        forward_s, step_s = [], []
         t2 = time.perf_counter()
-        logprobs = rollout.token_logprobs(model, out, full_am, P)
-        loss, _ = losses.policy_loss(logprobs, old, adv, mask, agg="seq-mean-token-mean")
+        with _timed(rl, "policy_logprobs", forward_s, device), _timed(optimizer, "step", step_s, device):
+            for rows in rl.minibatches(len(rl_batch), cfg, gen):
+                rl.update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=cfg.beta)
         _sync(device)
-        t3 = time.perf_counter()
-        t["train_forward"] = t3 - t2
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        _sync(device)
-        t4 = time.perf_counter()
-        t["backward"] = t4 - t3
-        opt.step()
-        _sync(device)
-        t["optimizer"] = time.perf_counter() - t4
+        update = time.perf_counter() - t2
+        t.update(train_forward=sum(forward_s), optimizer=sum(step_s), backward=update - sum(forward_s) - sum(step_s))
         t["total"] = time.perf_counter() - t0
         if i > 0:  # the first step warms up kernels and allocators
             for k, v in t.items():
                 parts[k].append(v)
-            tokens.append((int(mask.sum()), out.numel()))
+            tokens.append((int(batch.completion_mask.sum()), batch.input_ids.numel()))
     med = {k: round(statistics.median(v), 6) for k, v in parts.items()}  # microseconds: a tiny optimiser step stays > 0
     gen_tokens = statistics.median(n for n, _ in tokens)
     all_tokens = statistics.median(n for _, n in tokens)
     return {
         "seconds": med,
-        "completions_per_step": len(prompts) * group_size,
+        "completions_per_step": len(batch.completions),
         "generated_tokens_per_step": gen_tokens,
         "generated_tokens_per_s": round(gen_tokens / med["generate"], 1),
         "step_tokens_per_s": round(all_tokens / med["total"], 1),
@@ -101,20 +109,22 @@ def bench_model(model, tokenizer, prompts, answers, *, group_size: int, max_new_
 
 
 def run_bench(profile: str | None = None, seed: int = 0, repeats: int = 5) -> dict:
-    """Bench one RL step on the profile's batch (prompts_per_step x group_size) for the dense and the MoE model.
+    """Bench one RL step of the main job's config (``make_config("grpo")`` on the profile's batch: prompts_per_step
+    x group_size completions of exactly max_new_tokens tokens) for the dense and the MoE model.
 
-    The models are randomly initialised (no warm start needed): random models rarely emit EOS, so every step
-    generates the full ``max_new_tokens``, the worst case, and the figures are stable.
+    The models are randomly initialised (no warm start needed): the step's work does not depend on the weights.
     """
     prof = resolve_profile(profile)
     set_seed(seed)
     tokenizer = build_tokenizer()
     data = tasks.load_split("train").select(range(prof.prompts_per_step))
-    prompts, answers = list(data["prompt"]), list(data["answer"])
+    cfg = make_config("grpo", seed=seed, prompts_per_step=prof.prompts_per_step, group_size=prof.group_size,
+                      max_new_tokens=prof.max_new_tokens, progress=False)
     result = {"profile": prof.name, "device": prof.device, "torch": torch.__version__,
               "threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
-              "batch": f"{prof.prompts_per_step} prompts x {prof.group_size} samples, "
-                       f"max_new_tokens {prof.max_new_tokens}"}
+              "batch": f"{prof.prompts_per_step} prompts x {prof.group_size} samples of exactly "
+                       f"{prof.max_new_tokens} tokens, the grpo preset (beta {cfg.beta}, "
+                       f"{cfg.num_minibatches} minibatches)"}
     if prof.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
     for kind in ("dense", "moe"):
@@ -122,9 +132,7 @@ def run_bench(profile: str | None = None, seed: int = 0, repeats: int = 5) -> di
         model = build(tokenizer, seed=seed, **(prof.moe if kind == "moe" else prof.dense)).to(prof.device)
         if prof.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        result[kind] = bench_model(model, tokenizer, prompts, answers, group_size=prof.group_size,
-                                   max_new_tokens=prof.max_new_tokens,
-                                   repeats=repeats, device=prof.device)
+        result[kind] = bench_model(model, tokenizer, data, cfg, repeats=repeats, device=prof.device)
         if prof.device == "cuda":
             result[kind]["peak_memory_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         del model
@@ -142,29 +150,6 @@ def _loadavg() -> str:
         return "unavailable"
 
 
-@contextlib.contextmanager
-def _eos_suppressed(min_new_tokens: int) -> Iterator[None]:
-    """For timing only: every rollout in the block generates at least ``min_new_tokens`` tokens.
-
-    ``rollout.generate`` samples with ``rollout.sampling_config`` alone (no setting of the model's own generation
-    config reaches it), so the bench adds ``min_new_tokens`` to that config for the block, as TRL's side gets it
-    through ``generation_kwargs``. The sampler then never draws EOS early, so its distribution is no longer the
-    one the behaviour log-probs describe: right for counting time on fixed work, wrong for training.
-    """
-    plain = rollout.sampling_config
-
-    def with_min_length(*args, **kwargs):
-        config = plain(*args, **kwargs)
-        config.min_new_tokens = min_new_tokens
-        return config
-
-    rollout.sampling_config = with_min_length
-    try:
-        yield
-    finally:
-        rollout.sampling_config = plain
-
-
 def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, group_size: int = 8,
                completion_tokens: int = 40) -> dict:
     """One GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating the two; the ratio of their
@@ -173,9 +158,9 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
     Identical work: the same local checkpoint (the cpu profile's tiny dense model, random weights, written with
     ``save_pretrained`` and read back with ``models.load`` for each side), the same prompts (the first
     ``prompts_per_step`` of the train split), the same reward (``tasks.running_sums_reward``), ``group_size``
-    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens`` on both sides,
-    ``_eos_suppressed`` for minirl), the GRPO preset (beta 0.04, so a reference forward on both sides), one
-    optimiser step per rollout, float32, the same process and threads. TRL runs its real training loop
+    completions each of exactly ``completion_tokens`` tokens (EOS suppressed by ``min_new_tokens`` on both sides),
+    the GRPO preset (beta 0.04, so a reference forward on both sides), one optimiser step per rollout (on-policy:
+    neither side runs a forward for pi_old), float32, the same process and threads. TRL runs its real training loop
     (``trainer.train()``); a callback times each of its steps from ``on_step_begin`` (before generation) to
     ``on_step_end`` (after the optimiser step) and runs one minirl step in between, so the two alternate and share
     whatever load the machine has. The first step of each is a warm-up.
@@ -196,7 +181,7 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
     from trl import GRPOTrainer
     from trl import __version__ as trl_version
 
-    from . import interop, rl
+    from . import interop
     from .config import PROFILES, make_config
 
     prof = PROFILES["cpu"]
@@ -217,9 +202,8 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
 
         def minirl_step() -> float:
             t0 = time.perf_counter()
-            with _eos_suppressed(completion_tokens):
-                batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, reward_fn=tasks.running_sums_reward,
-                                              reward_weights=None, gen=gen)
+            batch, scores, _ = rl.collect(policy, tokenizer, data, cfg, reward_fn=tasks.running_sums_reward,
+                                          reward_weights=None, gen=gen, min_new_tokens=completion_tokens)
             old, ref_lp, routes = rl.behaviour_logprobs(policy, ref, batch, cfg)
             adv, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg, beta=cfg.beta)
             mb = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

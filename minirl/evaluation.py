@@ -53,7 +53,8 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
             torch.manual_seed(seed)
         for i in range(0, len(prompts), batch_size):
             rows = dataset.select(range(i, min(i + batch_size, len(prompts))))
-            r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature=temperature, greedy=greedy)
+            r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature=temperature, greedy=greedy,
+                         recompute_logprobs=False)  # only the tokens are scored
             r.columns = dataset_columns(rows, r.prompt_index)
             ids = [c[m > 0].tolist() for c, m in zip(r.completion_ids, r.completion_mask, strict=True)]
             scores.append(score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
@@ -96,7 +97,7 @@ def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, *, s
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             r = generate(model, tokenizer, list(dataset["prompt"]), samples_per_prompt, max_new_tokens,
-                         temperature=temperature)
+                         temperature=temperature, recompute_logprobs=False)
         r.columns = dataset_columns(dataset, r.prompt_index)
         scores = score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
                                    completion_ids=[c[m > 0].tolist() for c, m in zip(r.completion_ids,
@@ -225,7 +226,8 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
     model.eval()
     with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
         torch.manual_seed(seed)
-        batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature=temperature)
+        batch = generate(model, tokenizer, prompts, samples_per_prompt, max_new_tokens, temperature=temperature,
+                         recompute_logprobs=False)  # sequence_kl runs its own forwards
     kl, entropy = sequence_kl(model, ref_model, batch, temperature=temperature)  # (B,), (B,)
     model.train(was_training)
     n_tok = batch.lengths.sum().clamp(min=1)

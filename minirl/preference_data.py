@@ -44,7 +44,7 @@ def sample_preference_data(model, tokenizer, prompts_data, *, n_prompts: int, gr
         torch.manual_seed(seed)
         for i in range(0, len(prompts), prompts_per_batch):
             r = rollout.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
-                                 temperature=temperature)
+                                 temperature=temperature, recompute_logprobs=False)
             completions += r.completions
             truncated += r.truncated.tolist()
             rewards += [tasks.score(c, answers[i + j // group_size]).reward for j, c in enumerate(r.completions)]

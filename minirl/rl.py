@@ -13,6 +13,7 @@ What differs between the algorithms is a handful of ``RLConfig`` switches (``con
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator
@@ -91,9 +92,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         mask = batch.completion_mask  # (B, T)
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
         kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
-        if ref_logprobs is not None:
-            kl_tokens = kl.kl_estimate(old_logprobs, ref_logprobs, estimator=cfg.kl_estimator,
-                                       mask=mask)  # 0 on padding
+        if ref_logprobs is not None:  # on-policy, the sampler's log-probs are pi_old's (to round-off)
+            kl_tokens = kl.kl_estimate(batch.logprobs if old_logprobs is None else old_logprobs, ref_logprobs,
+                                       estimator=cfg.kl_estimator, mask=mask)  # 0 on padding
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
         advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta=beta,
@@ -158,13 +159,15 @@ def metric_logger(store: dict) -> Callable[[str, float], None]:
 
 
 def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_weights, gen: torch.Generator,
-            reward_kwargs: dict | None = None) -> tuple[rollout.Rollout, Tensor, dict]:
+            reward_kwargs: dict | None = None, min_new_tokens: int = 0) -> tuple[rollout.Rollout, Tensor, dict]:
     """Stages 1-2: prompts_per_step groups of G completions and their (B,) scores, with dynamic sampling
     (DAPO) when switched on: rounds of sampling and scoring until prompts_per_step groups have signal.
 
     Each reward function receives prompts, completions, completion_ids, the dataset's other columns and
     ``reward_kwargs`` (``rewards.score_completions``). Scores are NaN on unscored rows (None from every
-    function); they count as no signal for dynamic sampling (``sampling.has_signal``).
+    function); they count as no signal for dynamic sampling (``sampling.has_signal``). The rollout's ``logprobs``
+    are the sampler's; pi_old is recomputed on the final batch by ``behaviour_logprobs``. ``min_new_tokens`` is
+    for timing fixed work only (``bench``): it forbids EOS, so training on such a rollout would be wrong.
 
     Returns:
         (rollout, scores (B,), generation stats: rounds, samples, share of useful groups, unscored rows).
@@ -173,7 +176,8 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
 
     def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
-        r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, temperature=cfg.temperature)
+        r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, temperature=cfg.temperature,
+                             recompute_logprobs=False, min_new_tokens=min_new_tokens)  # pi_old: behaviour_logprobs
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
         s = rewards.score_completions(reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r),
                                       columns=r.columns, weights=reward_weights, reward_kwargs=reward_kwargs)  # (B,)
@@ -206,18 +210,30 @@ def completion_id_lists(r: rollout.Rollout) -> list[list[int]]:
     return [ids[m > 0].tolist() for ids, m in zip(r.completion_ids, r.completion_mask, strict=True)]
 
 
+def on_policy(cfg: RLConfig) -> bool:
+    """Whether pi_old is the policy being trained at every optimiser step: one epoch of one minibatch, so the only
+    update happens after the loss is computed. Then pi_old's log-probs are the training forward's, detached (the
+    ratio is exactly 1 and the clip never acts), and the no-grad forward that would recompute them is skipped, as
+    TRL does. Routing replay (which records pi_old's experts) and a KL penalty in the reward (which reads pi_old's
+    log-probs before the update) still need that forward."""
+    return (cfg.num_iterations == 1 and cfg.num_minibatches == 1 and not cfg.routing_replay
+            and not (cfg.beta > 0 and cfg.kl_placement == "reward"))
+
+
 @torch.no_grad()
 def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
-                       ) -> tuple[Tensor, Tensor | None, Routes | None]:
-    """(B, T) log-probs of the sampled tokens under pi_old and the reference (None without one), masked; with
-    routing replay, pi_old's are recomputed on the final batch while its experts are recorded (the routes)."""
+                       ) -> tuple[Tensor | None, Tensor | None, Routes | None]:
+    """(B, T) log-probs of the sampled tokens under pi_old and the reference (None without one), masked.
+
+    pi_old is recomputed by one forward of the trainer's model on the final batch (with routing replay, while its
+    experts are recorded: the routes); None when the step is ``on_policy``, where the update uses the training
+    forward's own log-probs, detached."""
     mask, P = batch.completion_mask, batch.n_prompt_tokens
-    old_logprobs, routes = batch.logprobs, None
-    if cfg.routing_replay:
-        with record_routing(model) as routes:
-            old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
-                                                  temperature=cfg.temperature)
-        old_logprobs = zero_outside(old_logprobs, mask)
+    old_logprobs, routes = None, None
+    if not on_policy(cfg):
+        with record_routing(model) if cfg.routing_replay else contextlib.nullcontext() as routes:
+            old_logprobs = zero_outside(rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
+                                                               temperature=cfg.temperature), mask)
     ref_logprobs = None
     if ref_model is not None:
         ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
@@ -294,7 +310,7 @@ class RLBatch:
     n_prompt_tokens: int  # P: the completion starts at column P of input_ids
     completion_mask: Tensor  # (B, T) 1 up to and including EOS
     loss_mask: Tensor  # (B, T) the tokens that count in the loss (completion mask, maybe overlong-filtered)
-    old_logprobs: Tensor  # (B, T) pi_old, at the sampling temperature
+    old_logprobs: Tensor | None  # (B, T) pi_old, at the sampling temperature; None on-policy (see on_policy)
     advantages: Tensor  # (B,) or (B, T)
     ref_logprobs: Tensor | None = None  # (B, T) the reference's, when there is one
     old_values: Tensor | None = None  # (B, T) the critic's at rollout time (PPO)
@@ -343,7 +359,8 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     stats, entropy_sum = [], 0.0
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
         logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
-        pg_loss, st = losses.policy_loss(logprobs, micro.old_logprobs, micro.advantages, micro.loss_mask,
+        old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # on-policy: ratio 1
+        pg_loss, st = losses.policy_loss(logprobs, old_logprobs, micro.advantages, micro.loss_mask,
                                          eps_low=cfg.eps_low, eps_high=cfg.eps_high, level=cfg.level, agg=cfg.agg,
                                          dual_clip=cfg.dual_clip, max_tokens=cfg.max_new_tokens,
                                          denominator=denominator, loss_mode=cfg.loss_mode,

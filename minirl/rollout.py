@@ -1,21 +1,24 @@
 """Rollouts: G sampled completions per prompt, their masks, truncation flags and token log-probs.
 
-Sampling uses transformers' ``generate``. The behaviour log-probs are then recomputed by one ordinary forward pass
-at the SAME temperature the sampler used (``token_logprobs``): that is the distribution the tokens were really
-drawn from, so at the first optimisation step the importance ratio is exactly 1. (A classic bug is to sample at
-temperature 0.7 and compute the log-probs at 1.0: every ratio is then off before any update.)
+Sampling is a short decode loop over the model's own forward and KV cache (``sample_tokens``): plain ancestral
+sampling from softmax(logits / temperature), nothing else, so the tokens come from exactly the distribution the
+loss assumes. The behaviour log-probs are then recomputed by one ordinary forward pass at the SAME temperature the
+sampler used (``token_logprobs``): that is the distribution the tokens were really drawn from, so at the first
+optimisation step the importance ratio is exactly 1. (A classic bug is to sample at temperature 0.7 and compute
+the log-probs at 1.0: every ratio is then off before any update.) The decode loop's own log-probs are kept too
+(``Rollout.sampler_logprobs``): what an inference engine would report, equal to the recomputed ones to round-off
+when the sampler is the trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import GenerationConfig
 
 from .checks import choice, ndim, same_shape, zero_outside
 
@@ -32,12 +35,16 @@ class Rollout:
         truncated: (B,) bool, True when the completion has no EOS (cut at max_new_tokens).
         prompt_index: (B,) long, index of the prompt (in the list passed to ``generate``) of each row.
         completions: the decoded completion texts (special tokens dropped), B strings.
-        logprobs: (B, T) behaviour log-probs of the sampled tokens at the sampling temperature, 0 where masked.
+        logprobs: (B, T) behaviour log-probs of the sampled tokens at the sampling temperature, 0 where masked:
+            recomputed by one full forward (``token_logprobs``), or the sampler's own when ``generate`` was told
+            not to recompute them.
         group_size: G.
         routes: the recorded MoE routing of the behaviour forward (``moe.Routes``), when asked for.
         prompts: the prompt text of each row, B strings (each prompt repeated G times).
         columns: the dataset's other columns, each a list of B values (row i gets the value of its prompt), for
             the reward functions (``rewards.score_completions``); filled by whoever sampled from a dataset.
+        sampler_logprobs: (B, T) the log-probs the decode loop computed while sampling (from its incremental,
+            KV-cached forwards), 0 where masked; None for rollouts built by hand.
     """
 
     input_ids: Tensor
@@ -52,6 +59,7 @@ class Rollout:
     routes: object = None
     prompts: list[str] = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
+    sampler_logprobs: Tensor | None = None
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -191,55 +199,86 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, *, reduction: str = 
     return total / n
 
 
-def sampling_config(tokenizer, max_new_tokens: int, *, temperature: float = 1.0, greedy: bool = False
-                    ) -> GenerationConfig:
-    """The complete generation config of a rollout: plain sampling from softmax(logits / temperature), or argmax.
+@torch.no_grad()
+def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, *,
+                  eos_token_id: int | Sequence[int], pad_token_id: int, temperature: float = 1.0,
+                  greedy: bool = False, min_new_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    """Ancestral sampling: one token per step from softmax(logits / temperature), reusing the KV cache.
 
-    Only what minirl means is set: do_sample, temperature, top_k=0 and top_p=1.0 (both off), max_new_tokens and
-    the tokenizer's pad / eos / bos ids. Every other logits processor (repetition_penalty, min_p, typical_p,
-    no_repeat_ngram_size, bad_words_ids, ...) stays at transformers' neutral default.
+    The loop is what ``transformers``' ``generate`` does for plain sampling, without the machinery around it
+    (logits processors, stopping criteria, output dictionaries): the first forward reads the left-padded prompts,
+    each later one feeds the token just drawn, and a row that has drawn EOS gets ``pad_token_id`` from then on. It
+    draws the same tokens as ``model.generate(do_sample=True, top_k=0, top_p=1.0)`` with the same torch seed (one
+    ``torch.multinomial`` per step over float32 probabilities; tests check it), and stops when every row is done.
+
+    Example: with a model that always puts probability 1 on token 7 and then on EOS (2), pad 0, max_new_tokens 4:
+    completion_ids [[7, 2, ...]] stops after 2 steps, logprobs [[0., 0.]].
+
+    Args:
+        model: a causal LM whose forward takes ``past_key_values`` and ``logits_to_keep`` (any transformers LM).
+        prompt_ids: (B, P) left-padded prompt ids.
+        prompt_mask: (B, P) 1 on real prompt tokens.
+        max_new_tokens: at most this many tokens per row.
+        eos_token_id: one id or a list of ids; any of them ends a row.
+        pad_token_id: written after a row's EOS.
+        temperature: > 0; the logits are divided by it before the softmax.
+        greedy: take the argmax instead of sampling.
+        min_new_tokens: EOS is forbidden (its logit set to -inf) for the first this many tokens. For timing fixed
+            work only: the tokens then no longer come from the distribution ``token_logprobs`` describes.
+
+    Returns:
+        (completion_ids (B, T) long, logprobs (B, T) float32: the log-probs at ``temperature`` of the tokens drawn,
+        0 after EOS), T <= max_new_tokens the number of steps taken.
 
     Raises:
-        ValueError: if max_new_tokens < 1 or temperature <= 0.
+        ValueError: if max_new_tokens < 1, temperature <= 0 or min_new_tokens < 0.
+
+    Source: ancestral sampling from an autoregressive model (e.g. Holtzman et al. 2020, section 2, "pure sampling").
     """
-    if max_new_tokens < 1 or temperature <= 0:
-        raise ValueError(f"need max_new_tokens >= 1 and temperature > 0, got {max_new_tokens} and {temperature}")
-    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-               bos_token_id=tokenizer.bos_token_id)
-    if greedy:
-        return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, **ids)
-    return GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-                            **ids)
-
-
-@contextmanager
-def _checkpoint_settings_ignored(model: torch.nn.Module) -> Iterator[None]:
-    """Hide the model's own generation config (a checkpoint's generation_config.json) for the block.
-
-    ``generate(generation_config=cfg)`` does not replace the model's config: transformers 5 fills every field that
-    ``cfg`` leaves unset from ``model.generation_config`` (GenerationMixin._prepare_generation_config), so a
-    checkpoint's repetition_penalty, min_p, typical_p, ... would still process the logits the sampler draws from,
-    while the behaviour log-probs are plain softmax(z / T). With an empty config in its place nothing can leak,
-    whatever fields a later transformers adds. Restored on exit, errors included.
-    """
-    saved = model.generation_config
-    model.generation_config = GenerationConfig()
-    try:
-        yield
-    finally:
-        model.generation_config = saved
+    if max_new_tokens < 1 or temperature <= 0 or min_new_tokens < 0:
+        raise ValueError(f"need max_new_tokens >= 1, temperature > 0 and min_new_tokens >= 0, got {max_new_tokens}, "
+                         f"{temperature} and {min_new_tokens}")
+    eos = torch.as_tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id),
+                          device=prompt_ids.device)
+    B = prompt_ids.shape[0]
+    # transformers 5.2x renamed the forward's past_key_values to cache (the old name warns until 5.40)
+    cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    ids, mask, positions, cache = prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), None
+    done = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
+    tokens, logprobs = [], []
+    for t in range(max_new_tokens):
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+                    **{cache_name: cache})
+        cache = out[cache_name]  # the keys and values of every position so far
+        logits = out["logits"][:, -1].float() / temperature  # (B, V)
+        if t < min_new_tokens:
+            logits[:, eos] = -torch.inf
+        logp = F.log_softmax(logits, dim=-1)  # (B, V)
+        if greedy:
+            token = logits.argmax(-1)  # (B,)
+        else:
+            token = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1).squeeze(1)  # (B,)
+        token = token.masked_fill(done, pad_token_id)
+        tokens.append(token)
+        logprobs.append(logp.gather(-1, token.unsqueeze(-1)).squeeze(-1).masked_fill(done, 0.0))
+        done |= torch.isin(token, eos)
+        if done.all():
+            break
+        ids, positions = token.unsqueeze(1), positions[:, -1:] + 1
+        mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
-             *, temperature: float = 1.0, greedy: bool = False, record_routes: bool = False) -> Rollout:
+             *, temperature: float = 1.0, greedy: bool = False, record_routes: bool = False,
+             recompute_logprobs: bool = True, min_new_tokens: int = 0) -> Rollout:
     """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
 
-    Sampling is plain ancestral sampling from softmax(logits / temperature): top-k and top-p are switched off,
-    because the loss assumes the tokens came from exactly the distribution ``token_logprobs`` computes. The
-    sampler uses ``sampling_config`` alone: no setting of the model's own generation config (a checkpoint's
-    generation_config.json: repetition_penalty, min_p, typical_p, no_repeat_ngram_size, top_k, temperature, ...)
-    reaches it, so the behaviour log-probs are the sampler's even for a model from ``models.load``.
+    Sampling is plain ancestral sampling from softmax(logits / temperature) (``sample_tokens``): no top-k, top-p or
+    any other logits processor, because the loss assumes the tokens came from exactly the distribution
+    ``token_logprobs`` computes. No setting of the model's own generation config (a checkpoint's
+    generation_config.json) reaches the sampler.
 
     Args:
         model: a causal LM (put in eval mode for sampling, restored afterwards).
@@ -253,45 +292,57 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
             (``moe.record_routing``), for Routing Replay during training. They are recorded in the full-sequence
             forward that computes ``logprobs``, not during incremental decoding: that forward defines pi_old, so
             replaying its routes reproduces pi_old exactly (moe.py explains why the two agree to round-off).
+        recompute_logprobs: recompute ``logprobs`` with one full forward (the default, exact pi_old). False skips
+            that forward and uses the sampler's own log-probs: for callers that never read them (evaluation) or
+            that recompute pi_old themselves (``rl.behaviour_logprobs``).
+        min_new_tokens: forbid EOS for the first this many tokens; for timing fixed work only (``bench``): the
+            tokens then do not come from the distribution the behaviour log-probs describe.
 
     Returns:
         A ``Rollout`` with B = N * G rows, grouped by prompt.
 
     Raises:
-        ValueError: if group_size < 1, max_new_tokens < 1, temperature <= 0 or prompts is empty.
+        ValueError: if group_size < 1, max_new_tokens < 1, temperature <= 0, min_new_tokens < 0, prompts is empty,
+            or record_routes without recompute_logprobs.
     """
     if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or len(prompts) == 0:
         raise ValueError(f"need group_size >= 1 (got {group_size}), max_new_tokens >= 1 (got {max_new_tokens}), "
                          f"temperature > 0 (got {temperature}) and at least one prompt (got {len(prompts)})")
+    if record_routes and not recompute_logprobs:
+        raise ValueError("record_routes=True records the routes of the recomputing forward: it needs "
+                         "recompute_logprobs=True")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
-    gen_config = sampling_config(tokenizer, max_new_tokens, temperature=temperature, greedy=greedy)
-    with _checkpoint_settings_ignored(model):
-        out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_config)
+    completion_ids, sampler_logprobs = sample_tokens(
+        model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy,
+        min_new_tokens=min_new_tokens)  # (B, T) each
     P = prompt_ids.shape[1]
-    completion_ids = out[:, P:]  # (B, T)
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
     mask = completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T)
-    truncated = ~torch.isin(completion_ids, torch.tensor(tokenizer.eos_token_id, device=device)).any(-1)
+    truncated = ~torch.isin(completion_ids, torch.tensor(tokenizer.eos_token_id, device=device)).any(-1)  # (B,)
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # (B, P + T)
-    routes = None
+    routes, logprobs = None, sampler_logprobs
     if record_routes:
         from .moe import record_routing
 
         with record_routing(model) as routes:
-            logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature=temperature),
+            logprobs = zero_outside(token_logprobs(model, input_ids, attention_mask, P, temperature=temperature),
                                     mask)  # (B, T)
-    else:
-        logprobs = zero_outside(token_logprobs(model, out, attention_mask, P, temperature=temperature), mask)  # (B, T)
+    elif recompute_logprobs:
+        logprobs = zero_outside(token_logprobs(model, input_ids, attention_mask, P, temperature=temperature),
+                                mask)  # (B, T)
     model.train(was_training)
     return Rollout(
-        input_ids=out, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,
+        input_ids=input_ids, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,
         truncated=truncated, prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True), logprobs=logprobs,
         group_size=group_size, routes=routes, prompts=[p for p in prompts for _ in range(group_size)],
+        sampler_logprobs=sampler_logprobs,
     )
 
 
@@ -308,6 +359,7 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         group_size=G, routes=None if rollout.routes is None else rollout.routes.select(rows),
         prompts=[rollout.prompts[i] for i in rows.tolist()] if rollout.prompts else [],
         columns={k: [v[i] for i in rows.tolist()] for k, v in rollout.columns.items()},
+        sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[rows],
     )
 
 
@@ -331,6 +383,9 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
         parts["completion_ids"].append(pad(r.completion_ids, 0, T - t, pad_token_id))
         parts["completion_mask"].append(pad(r.completion_mask, 0, T - t, 0.0))
         parts["logprobs"].append(pad(r.logprobs, 0, T - t, 0.0))
+    sampler = None
+    if all(r.sampler_logprobs is not None for r in rollouts):
+        sampler = torch.cat([pad(r.sampler_logprobs, 0, T - r.completion_ids.shape[1], 0.0) for r in rollouts])
     routes = None
     if any(r.routes is not None for r in rollouts):
         if len({r.input_ids.shape[1] for r in rollouts}) > 1:
@@ -346,7 +401,8 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     return Rollout(**{k: torch.cat(v) for k, v in parts.items()}, truncated=torch.cat([r.truncated for r in rollouts]),
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
                    group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
-                   columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns})
+                   columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
+                   sampler_logprobs=sampler)
 
 
 def dataset_columns(rows, prompt_index: Tensor) -> dict[str, list]:

@@ -1,6 +1,6 @@
 """Tests of minirl.rollout: completion masks, token log-probs at the sampling temperature, generate, concat."""
 
-import copy
+import math
 from functools import partial
 from types import SimpleNamespace
 
@@ -191,25 +191,9 @@ def test_generate_behaviour_logprobs_are_the_samplers(tiny):
 
 
 # --- no sampler setting leaks from a checkpoint's generation_config.json ------------------------------------------
-def sampler_capturing(model):
-    """Wrap ``model.generate`` so that it also records the processed scores the sampler drew from (output_scores);
-    what rollout.generate passes is otherwise unchanged. Returns the list the scores are appended to."""
-    captured, original = [], model.generate
-
-    def generate(*args, generation_config=None, **kwargs):
-        cfg = copy.deepcopy(generation_config)
-        cfg.output_scores, cfg.return_dict_in_generate = True, True
-        out = original(*args, generation_config=cfg, **kwargs)
-        captured.append(torch.stack(out.scores, 1).float())  # (B, T, V) processed logits, one per step
-        return out.sequences
-
-    model.generate = generate
-    return captured
-
-
 def checkpoint(tmp_path, tok, small=True, **generation_settings):
     """A sharp tiny model (final-norm weight x6, so the logits are far from uniform and every logits processor
-    matters) saved with the given generation_config.json and loaded back with models.load."""
+    would matter) saved with the given generation_config.json and loaded back with models.load."""
     sizes = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64) if small else {}
     model = models.tiny_dense(tok, seed=0, **sizes)
     with torch.no_grad():
@@ -223,13 +207,12 @@ def checkpoint(tmp_path, tok, small=True, **generation_settings):
 
 
 def test_checkpoint_repetition_penalty_does_not_reach_the_sampler(tmp_path):
-    # The issue's case: generation_config.repetition_penalty = 1.05 in the checkpoint. transformers' repetition
+    # The classic case: generation_config.repetition_penalty = 1.05 in the checkpoint. transformers' repetition
     # penalty divides the logit z_i of every token already in the sequence by 1.05 if z_i > 0 (else multiplies
-    # it), so the sampler drew from log_softmax(z~) while the behaviour log-prob is log_softmax(z)[token]
-    # (here -0.9061 against -1.0393 for the sampled token on this CPU). Compute both by hand from the logits.
+    # it), so generate() would draw from log_softmax(z~) while the behaviour log-prob is log_softmax(z)[token].
+    # minirl's decode loop reads no generation config: it draws from plain softmax(z). Compute both by hand.
     tok = build_tokenizer()
     lm = checkpoint(tmp_path, tok, small=False, repetition_penalty=1.05)
-    scores = sampler_capturing(lm)
     torch.manual_seed(0)
     r = rollout.generate(lm, tok, ["1+2="], 1, 1)
     ids = tok(["1+2="], return_tensors="pt").input_ids  # (1, P): <bos> 1 + 2 =
@@ -242,8 +225,8 @@ def test_checkpoint_repetition_penalty_does_not_reach_the_sampler(tmp_path):
     penalised = torch.where(seen, torch.where(z > 0, z / 1.05, z * 1.05), z).log_softmax(-1)[token]
     assert abs(plain - penalised) > 1e-2  # the checkpoint's setting would have changed the distribution
     close(r.logprobs[0, 0], plain, atol=1e-5)
-    close(scores[0].log_softmax(-1)[0, 0, token], plain, atol=1e-5)  # the sampler drew from plain softmax(z)
-    assert lm.generation_config.repetition_penalty == 1.05  # the model's own config is restored afterwards
+    close(r.sampler_logprobs[0, 0], plain, atol=1e-5)  # the sampler drew from plain softmax(z)
+    assert lm.generation_config.repetition_penalty == 1.05  # the model's own config is untouched
 
 
 @pytest.mark.parametrize("setting", [
@@ -254,22 +237,23 @@ def test_checkpoint_repetition_penalty_does_not_reach_the_sampler(tmp_path):
     dict(renormalize_logits=True, top_k=3), dict(num_beams=2), dict(do_sample=False),
 ], ids=lambda d: "+".join(d))
 def test_behaviour_logprobs_are_the_samplers_whatever_the_checkpoint_sets(tmp_path, setting):
-    # with the checkpoint's setting in force the sampler would draw from a processed distribution while the
-    # behaviour log-probs are plain log_softmax(z / T): they must agree token by token, to float precision
+    # with the checkpoint's setting in force, generate() would draw from a processed distribution; minirl's
+    # sampler draws exactly the tokens it draws from the same weights without the setting, and its log-probs are
+    # plain log_softmax(z / T), recomputed by one forward to float precision
     tok = build_tokenizer("0123456789+=;#")
-    lm = checkpoint(tmp_path, tok, **{"do_sample": True, **setting})
-    scores = sampler_capturing(lm)
+    lm = checkpoint(tmp_path / "set", tok, **{"do_sample": True, **setting})
+    bare = checkpoint(tmp_path / "bare", tok)
     T = 0.8
     torch.manual_seed(3)
     r = rollout.generate(lm, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
-    assert len(scores) == 1 and scores[0].shape[:2] == r.completion_ids.shape  # one sampled call, one beam
-    sampler = scores[0].log_softmax(-1).gather(-1, r.completion_ids.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    torch.testing.assert_close(r.logprobs, sampler * r.completion_mask, atol=1e-5, rtol=0)
-    # and both are the plain distribution at temperature T, recomputed by one forward pass
+    torch.manual_seed(3)
+    r_bare = rollout.generate(bare, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
+    assert torch.equal(r.input_ids, r_bare.input_ids)
     with torch.no_grad():
         plain = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, temperature=T)
     torch.testing.assert_close(r.logprobs, plain * r.completion_mask, atol=1e-5, rtol=0)
-    assert all(getattr(lm.generation_config, k) is not None for k in setting)  # the model's config is restored
+    torch.testing.assert_close(r.sampler_logprobs, plain * r.completion_mask, atol=1e-5, rtol=0)
+    assert all(getattr(lm.generation_config, k) is not None for k in setting)  # the model's config is untouched
 
 
 def test_greedy_ignores_the_checkpoint_too(tmp_path):
@@ -282,6 +266,120 @@ def test_greedy_ignores_the_checkpoint_too(tmp_path):
         logits = rollout.completion_logits(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens)  # (B, T, V)
     valid = r.completion_mask > 0
     assert torch.equal(r.completion_ids[valid], logits.argmax(-1)[valid])
+
+
+# --- the decode loop ------------------------------------------------------------------------------------------
+class Scripted(torch.nn.Module):
+    """A stand-in LM over V = 4 tokens (pad 0, EOS 2) whose next-token logits are scripted by step and row:
+    row b puts probability 1 on EOS from step b on, and before that splits it evenly between tokens 1 and 3.
+    With ``eos_logit`` set, from step b on EOS gets that logit and tokens 1 and 3 logit 0 (so EOS is not the only
+    option). It records the tokens, mask length and positions each call was fed, like a KV-cached forward."""
+
+    def __init__(self, eos_logit=None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.fed, self.eos_logit = [], eos_logit
+
+    def forward(self, input_ids, attention_mask, position_ids, use_cache, logits_to_keep, cache=None):
+        step = 0 if cache is None else cache + 1
+        self.fed.append((input_ids.clone(), attention_mask.shape[1], position_ids.clone()))
+        B = input_ids.shape[0]
+        logits = torch.full((B, 1, 4), -torch.inf)
+        for b in range(B):
+            if step >= b and self.eos_logit is None:
+                logits[b, 0, 2] = 0.0
+            else:
+                logits[b, 0, [1, 3]] = 0.0
+                if step >= b:
+                    logits[b, 0, 2] = self.eos_logit
+        return {"logits": logits, "cache": step}
+
+
+# paper-index: rollout.sample_tokens
+def test_sample_tokens_by_hand():
+    # rows 0, 1, 2 end at steps 0, 1, 2: completion [[EOS, pad, pad], [x, EOS, pad], [x, y, EOS]], x, y in {1, 3};
+    # log-probs: log 1 = 0 for EOS, log 1/2 = -0.6931 for each even split, 0 after EOS; three calls, then stop
+    model = Scripted()
+    ids = torch.tensor([[0, 5, 6], [5, 6, 7], [5, 6, 7]])
+    am = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]])
+    torch.manual_seed(0)
+    tokens, logp = rollout.sample_tokens(model, ids, am, 10, eos_token_id=2, pad_token_id=0)
+    assert tokens.shape == (3, 3) and len(model.fed) == 3  # stopped when every row was done
+    assert tokens[0].tolist() == [2, 0, 0] and tokens[1, 1] == 2 and tokens[2, 2] == 2
+    assert {tokens[1, 0].item(), tokens[2, 0].item(), tokens[2, 1].item()} <= {1, 3}
+    half = math.log(0.5)
+    close(logp, torch.tensor([[0.0, 0.0, 0.0], [half, 0.0, 0.0], [half, half, 0.0]]))
+    # the first call reads the prompts; later calls feed one token at the next position, the mask one longer
+    assert torch.equal(model.fed[0][2], torch.tensor([[0, 0, 1], [0, 1, 2], [0, 1, 2]]))
+    assert torch.equal(model.fed[1][0], tokens[:, :1]) and model.fed[1][1] == 4
+    assert torch.equal(model.fed[1][2], torch.tensor([[2], [3], [3]]))
+
+
+def test_sample_tokens_min_new_tokens_forbids_eos():
+    # EOS logit 20 from step 0 (row 0): P(EOS) = e^20 / (e^20 + 2), so without min_new_tokens the row ends at once;
+    # with min_new_tokens = 3, EOS is -inf for steps 0-2: an even split, log 1/2 each, then EOS at step 3 with
+    # log-prob 20 - log(e^20 + 2) = -4.1e-9
+    model = Scripted(eos_logit=20.0)
+    ids, am = torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long)
+    torch.manual_seed(0)
+    tokens, logp = rollout.sample_tokens(model, ids, am, 8, eos_token_id=2, pad_token_id=0)
+    assert tokens.tolist() == [[2]]
+    torch.manual_seed(0)
+    tokens, logp = rollout.sample_tokens(model, ids, am, 8, eos_token_id=2, pad_token_id=0, min_new_tokens=3)
+    assert tokens.shape == (1, 4) and tokens[0, 3] == 2 and set(tokens[0, :3].tolist()) <= {1, 3}
+    half = math.log(0.5)
+    close(logp, torch.tensor([[half, half, half, 20 - math.log(math.exp(20) + 2)]]))
+
+
+@pytest.mark.parametrize("temperature,greedy", [(1.0, False), (0.7, False), (1.0, True)])
+def test_sample_tokens_draws_what_generate_draws(tiny, temperature, greedy):
+    # the same torch seed gives the same tokens as transformers' generate with plain sampling (top_k 0, top_p 1),
+    # and the loop's log-probs are generate's processed scores, log-softmaxed, to float precision
+    model, tok = tiny
+    model.eval()
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    ids, am = enc.input_ids.repeat_interleave(4, 0), enc.attention_mask.repeat_interleave(4, 0)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=am, max_new_tokens=12, do_sample=not greedy,
+                             temperature=temperature if not greedy else None, top_k=0 if not greedy else None,
+                             top_p=1.0 if not greedy else None, output_scores=True, return_dict_in_generate=True,
+                             pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        torch.manual_seed(seed)
+        tokens, logp = rollout.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
+                                             pad_token_id=tok.pad_token_id, temperature=temperature, greedy=greedy)
+        assert torch.equal(out.sequences[:, ids.shape[1]:], tokens)
+        mask = rollout.completion_mask(tokens, tok.eos_token_id)
+        scores = (torch.stack(out.scores, 1).float() / (temperature if greedy else 1.0)).log_softmax(-1)
+        expected = scores.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) * mask
+        torch.testing.assert_close(logp, expected, atol=1e-5, rtol=0)
+
+
+def test_sample_tokens_bad_input(tiny):
+    model, tok = tiny
+    ids, am = torch.tensor([[5, 6]]), torch.ones(1, 2, dtype=torch.long)
+    for kwargs in (dict(max_new_tokens=0), dict(temperature=0.0), dict(min_new_tokens=-1)):
+        args = {"max_new_tokens": 4, **kwargs}
+        with pytest.raises(ValueError, match="max_new_tokens >= 1"):
+            rollout.sample_tokens(model, ids, am, args.pop("max_new_tokens"), eos_token_id=tok.eos_token_id,
+                                  pad_token_id=tok.pad_token_id, **args)
+
+
+def test_generate_min_new_tokens_and_skipped_recompute(tiny):
+    # min_new_tokens (timing only) forbids EOS early; recompute_logprobs=False returns the sampler's log-probs,
+    # which equal the recomputed ones to float precision when the sampler is the trainer
+    model, tok = tiny
+    torch.manual_seed(2)
+    r = rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=9, min_new_tokens=9)
+    assert r.completion_ids.shape[1] == 9 and bool(r.truncated.all())  # no EOS anywhere
+    torch.manual_seed(2)
+    a = rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=9)
+    torch.manual_seed(2)
+    b = rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=9, recompute_logprobs=False)
+    assert torch.equal(a.input_ids, b.input_ids) and b.logprobs is b.sampler_logprobs
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="record_routes"):
+        rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=4, record_routes=True, recompute_logprobs=False)
 
 
 def test_rollout_fields_are_consistent(tiny):
