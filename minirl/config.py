@@ -132,6 +132,13 @@ class RLConfig:
     value_clip: float | None = 0.2
     # --- MoE
     routing_replay: bool = False  # record the rollout's experts and force them in training forwards
+    replay_source: str = "trainer"  # routing replay's routes: "trainer" (R2: pi_old's recomputing forward) or
+    # "sampler" (R3: the experts the sampler used while decoding, Ma et al. 2025)
+    # --- the sampler (sampler.py): the trainer itself by default; a mismatched copy on purpose
+    sampler_dtype: str = "float32"  # "float32" or "bfloat16" (a copy, synced after every update)
+    sampler_logit_noise: float = 0.0  # std (nats) of noise on the sampler's next-token logits
+    sampler_router_noise: float = 0.0  # std of noise on the sampler's MoE router logits
+    pi_old: str = "recompute"  # "recompute" (the trainer's forward) or "sampler" (its log-probs: the naive way)
     # --- logging
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
@@ -153,6 +160,15 @@ class RLConfig:
         choice("cispo_form", self.cispo_form, losses.CISPO_FORMS)
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
+        choice("replay_source", self.replay_source, ("trainer", "sampler"))
+        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
+        choice("pi_old", self.pi_old, ("recompute", "sampler"))
+        if self.sampler_logit_noise < 0 or self.sampler_router_noise < 0:
+            raise ValueError(f"sampler_logit_noise and sampler_router_noise must be >= 0, got "
+                             f"{self.sampler_logit_noise} and {self.sampler_router_noise}")
+        if self.routing_replay and self.replay_source == "trainer" and self.pi_old == "sampler":
+            raise ValueError("routing_replay with replay_source='trainer' (R2) records the routes of pi_old's "
+                             "recomputing forward, which pi_old='sampler' skips: use replay_source='sampler' (R3)")
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "num_iterations",
                      "num_minibatches", "max_gen_batches"):
             if getattr(self, name) < 1:

@@ -18,7 +18,9 @@ the same causal function of the same tokens, so its hidden states, and hence its
 full forward's only by round-off, which can flip a choice only where two experts' router scores tie to within
 ~1e-6; the tokens were therefore sampled from pi_old up to float noise. (Large systems sample with a separate
 inference engine whose kernels differ more; recording routes in that engine and replaying them in the trainer is
-the "rollout routing replay" of later MoE RL work. Here one process and one kernel make the two the same.)
+the "rollout routing replay" (R3) of Ma et al. 2025: ``record_routing(along="sequence")`` around the decode loop,
+``rollout.generate(record_sampler_routes=True)``. Here one process and one kernel make the two the same unless the
+sampler is made to differ on purpose, ``sampler.make_sampler``.)
 Recording a full forward also gives one (B, L) grid of routes, so minibatches select rows from it.
 """
 
@@ -72,7 +74,7 @@ def _input_shape(model: torch.nn.Module, args, kwargs) -> tuple[int, int]:
 
 
 @contextmanager
-def record_routing(model: torch.nn.Module):
+def record_routing(model: torch.nn.Module, *, along: str = "batch"):
     """Record the top-k experts of every token in every MoE layer while the block runs.
 
     Usage::
@@ -81,12 +83,16 @@ def record_routing(model: torch.nn.Module):
             logprobs = token_logprobs(model, input_ids, attention_mask, P)
         routes.indices[0].shape  # (B, L, k)
 
-    Several forwards inside the block (micro-batches of equal length L) are concatenated along the batch.
-    The routes object is filled when the block exits.
+    Several forwards inside the block are concatenated along the batch (``along="batch"``: micro-batches of equal
+    length L), or along the sequence (``along="sequence"``: the prompt forward and then the one-token forwards of
+    KV-cached decoding, all of B rows, for Rollout Routing Replay). The routes object is filled when the block exits.
 
     Raises:
-        ValueError: if the model has no routers, or the forwards inside the block differ in length.
+        ValueError: if the model has no routers, ``along`` is unknown, or the forwards inside the block differ in
+            length (batch) or in rows (sequence).
     """
+    if along not in ("batch", "sequence"):
+        raise ValueError(f"along must be 'batch' or 'sequence', got {along!r}")
     layers = routers(model)
     per_layer = [[] for _ in layers]
     ent_layer = [[] for _ in layers]
@@ -112,10 +118,11 @@ def record_routing(model: torch.nn.Module):
     finally:
         for h in handles:
             h.remove()
-    if len({L for _, L in shapes}) > 1:
-        raise ValueError(f"record_routing saw forwards of different lengths {sorted({L for _, L in shapes})}")
-    routes.indices = [torch.cat(x, dim=0) for x in per_layer]
-    routes.entropy = [torch.cat(x, dim=0) for x in ent_layer]
+    dim = 0 if along == "batch" else 1
+    if len({shape[1 - dim] for shape in shapes}) > 1:
+        raise ValueError(f"record_routing(along={along!r}) saw forwards of shapes {sorted(set(shapes))}")
+    routes.indices = [torch.cat(x, dim=dim) for x in per_layer]
+    routes.entropy = [torch.cat(x, dim=dim) for x in ent_layer]
 
 
 @contextmanager

@@ -31,6 +31,7 @@ from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
 from .moe import Routes, record_routing, replay_routing
+from .sampler import make_sampler, sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
@@ -75,6 +76,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     if critic is None and cfg.advantage == "gae":
         critic = models.ValueModel(model).to(next(model.parameters()).device)
     optimizer = make_optimizer(model, critic, cfg)
+    sampler = make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
+                           router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     beta, history = cfg.beta, History()
     if eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
@@ -86,13 +89,13 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         logged = {}  # what the reward functions report through log_metric(name, value)
         reward_kwargs = {"trainer_state": TrainerState(global_step=step - 1, max_steps=cfg.steps),
                          "log_metric": metric_logger(logged)}
-        batch, scores, gen_stats = collect(model, tokenizer, train_data, cfg, reward_fn=reward_fn,
+        batch, scores, gen_stats = collect(sampler, tokenizer, train_data, cfg, reward_fn=reward_fn,
                                            reward_weights=reward_weights, gen=gen, reward_kwargs=reward_kwargs)
         old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg)  # (B, T) each
         mask = batch.completion_mask  # (B, T)
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
         kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
-        if ref_logprobs is not None:  # on-policy, the sampler's log-probs are pi_old's (to round-off)
+        if ref_logprobs is not None:  # on-policy (no pi_old forward) the logged estimate reads the sampler's
             kl_tokens = kl.kl_estimate(batch.logprobs if old_logprobs is None else old_logprobs, ref_logprobs,
                                        estimator=cfg.kl_estimator, mask=mask)  # 0 on padding
         t_gen = time.time() - t0
@@ -107,6 +110,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
+        sync_sampler(sampler, model)  # the sampler reloads the new weights, as an inference engine does
         t_opt = time.time() - t_opt
         # 5. log
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
@@ -177,7 +181,8 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
     def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
         r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, temperature=cfg.temperature,
-                             recompute_logprobs=False, min_new_tokens=min_new_tokens)  # pi_old: behaviour_logprobs
+                             recompute_logprobs=False, min_new_tokens=min_new_tokens,  # pi_old: behaviour_logprobs
+                             record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler")
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
         s = rewards.score_completions(reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r),
                                       columns=r.columns, weights=reward_weights, reward_kwargs=reward_kwargs)  # (B,)
@@ -214,26 +219,40 @@ def on_policy(cfg: RLConfig) -> bool:
     """Whether pi_old is the policy being trained at every optimiser step: one epoch of one minibatch, so the only
     update happens after the loss is computed. Then pi_old's log-probs are the training forward's, detached (the
     ratio is exactly 1 and the clip never acts), and the no-grad forward that would recompute them is skipped, as
-    TRL does. Routing replay (which records pi_old's experts) and a KL penalty in the reward (which reads pi_old's
-    log-probs before the update) still need that forward."""
+    TRL does. Routing replay (which records or replays pi_old's experts), a KL penalty in the reward (which reads
+    pi_old's log-probs before the update) and pi_old="sampler" (which takes them from the sampler) are not."""
     return (cfg.num_iterations == 1 and cfg.num_minibatches == 1 and not cfg.routing_replay
-            and not (cfg.beta > 0 and cfg.kl_placement == "reward"))
+            and not (cfg.beta > 0 and cfg.kl_placement == "reward") and cfg.pi_old == "recompute")
 
 
 @torch.no_grad()
 def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
                        ) -> tuple[Tensor | None, Tensor | None, Routes | None]:
-    """(B, T) log-probs of the sampled tokens under pi_old and the reference (None without one), masked.
+    """(B, T) log-probs of the sampled tokens under pi_old and the reference (None without one), masked, and the
+    routes the training forwards replay (None without routing replay).
 
-    pi_old is recomputed by one forward of the trainer's model on the final batch (with routing replay, while its
-    experts are recorded: the routes); None when the step is ``on_policy``, where the update uses the training
-    forward's own log-probs, detached."""
+    pi_old is recomputed by one forward of the trainer's model on the final batch: with R2 routing replay while
+    its experts are recorded, with R3 while the sampler's experts are forced. It is None when the step is
+    ``on_policy`` (the update then uses the training forward's own log-probs, detached), and the sampler's own
+    log-probs with ``pi_old="sampler"``, the naive way that treats the sampler's numbers as the trainer's."""
     mask, P = batch.completion_mask, batch.n_prompt_tokens
     old_logprobs, routes = None, None
-    if not on_policy(cfg):
-        with record_routing(model) if cfg.routing_replay else contextlib.nullcontext() as routes:
+    r3 = cfg.routing_replay and cfg.replay_source == "sampler"
+    if r3:
+        routes = batch.sampler_routes
+    if cfg.pi_old == "sampler":
+        old_logprobs = zero_outside(batch.sampler_logprobs, mask)
+    elif not on_policy(cfg):
+        if r3:
+            context = replay_routing(model, routes)
+        elif cfg.routing_replay:
+            context = record_routing(model)
+        else:
+            context = contextlib.nullcontext()
+        with context as recorded:
             old_logprobs = zero_outside(rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
                                                                temperature=cfg.temperature), mask)
+        routes = routes if r3 else recorded
     ref_logprobs = None
     if ref_model is not None:
         ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .checks import choice, ndim, same_shape, zero_outside
+from .moe import Routes, record_routing
 
 
 @dataclass
@@ -45,6 +47,8 @@ class Rollout:
             the reward functions (``rewards.score_completions``); filled by whoever sampled from a dataset.
         sampler_logprobs: (B, T) the log-probs the decode loop computed while sampling (from its incremental,
             KV-cached forwards), 0 where masked; None for rollouts built by hand.
+        sampler_routes: the experts the sampler used while decoding (``moe.Routes`` of shape (B, P + T, k) per
+            layer), when asked for: what Rollout Routing Replay (R3) replays in the trainer.
     """
 
     input_ids: Tensor
@@ -60,6 +64,7 @@ class Rollout:
     prompts: list[str] = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
     sampler_logprobs: Tensor | None = None
+    sampler_routes: object = None
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -272,7 +277,8 @@ def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
              *, temperature: float = 1.0, greedy: bool = False, record_routes: bool = False,
-             recompute_logprobs: bool = True, min_new_tokens: int = 0) -> Rollout:
+             recompute_logprobs: bool = True, min_new_tokens: int = 0, record_sampler_routes: bool = False
+             ) -> Rollout:
     """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
 
     Sampling is plain ancestral sampling from softmax(logits / temperature) (``sample_tokens``): no top-k, top-p or
@@ -297,6 +303,9 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
             that recompute pi_old themselves (``rl.behaviour_logprobs``).
         min_new_tokens: forbid EOS for the first this many tokens; for timing fixed work only (``bench``): the
             tokens then do not come from the distribution the behaviour log-probs describe.
+        record_sampler_routes: for an MoE model, record the experts the decode loop itself used
+            (``Rollout.sampler_routes``, for R3). Decoding never feeds the last sampled token, so the last position
+            repeats the one before it: its output predicts nothing the loss reads.
 
     Returns:
         A ``Rollout`` with B = N * G rows, grouped by prompt.
@@ -317,10 +326,14 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
-    completion_ids, sampler_logprobs = sample_tokens(
-        model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy,
-        min_new_tokens=min_new_tokens)  # (B, T) each
+    with record_routing(model, along="sequence") if record_sampler_routes else nullcontext() as sampler_routes:
+        completion_ids, sampler_logprobs = sample_tokens(
+            model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy,
+            min_new_tokens=min_new_tokens)  # (B, T) each
+    if record_sampler_routes:  # positions 0 .. P+T-2 were fed; repeat the last for position P+T-1
+        sampler_routes = Routes([torch.cat([ix, ix[:, -1:]], dim=1) for ix in sampler_routes.indices],
+                                [torch.cat([h, h[:, -1:]], dim=1) for h in sampler_routes.entropy])
     P = prompt_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
     mask = completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T)
@@ -328,8 +341,6 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # (B, P + T)
     routes, logprobs = None, sampler_logprobs
     if record_routes:
-        from .moe import record_routing
-
         with record_routing(model) as routes:
             logprobs = zero_outside(token_logprobs(model, input_ids, attention_mask, P, temperature=temperature),
                                     mask)  # (B, T)
@@ -342,7 +353,7 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         truncated=truncated, prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True), logprobs=logprobs,
         group_size=group_size, routes=routes, prompts=[p for p in prompts for _ in range(group_size)],
-        sampler_logprobs=sampler_logprobs,
+        sampler_logprobs=sampler_logprobs, sampler_routes=sampler_routes,
     )
 
 
@@ -360,6 +371,7 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         prompts=[rollout.prompts[i] for i in rows.tolist()] if rollout.prompts else [],
         columns={k: [v[i] for i in rows.tolist()] for k, v in rollout.columns.items()},
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[rows],
+        sampler_routes=None if rollout.sampler_routes is None else rollout.sampler_routes.select(rows),
     )
 
 
@@ -386,14 +398,7 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     sampler = None
     if all(r.sampler_logprobs is not None for r in rollouts):
         sampler = torch.cat([pad(r.sampler_logprobs, 0, T - r.completion_ids.shape[1], 0.0) for r in rollouts])
-    routes = None
-    if any(r.routes is not None for r in rollouts):
-        if len({r.input_ids.shape[1] for r in rollouts}) > 1:
-            raise ValueError("cannot concatenate rollouts with recorded routes of different lengths")
-        from .moe import Routes
-
-        routes = Routes([torch.cat(x) for x in zip(*[r.routes.indices for r in rollouts], strict=True)],
-                        [torch.cat(x) for x in zip(*[r.routes.entropy for r in rollouts], strict=True)])
+    routes, sampler_routes = _concat_routes(rollouts, "routes"), _concat_routes(rollouts, "sampler_routes")
     offsets, out_index = 0, []
     for r in rollouts:  # prompt indices stay unique across rounds
         out_index.append(r.prompt_index - r.prompt_index.min() + offsets)
@@ -402,7 +407,17 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
                    group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
                    columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
-                   sampler_logprobs=sampler)
+                   sampler_logprobs=sampler, sampler_routes=sampler_routes)
+
+
+def _concat_routes(rollouts: Sequence[Rollout], name: str):
+    """The rollouts' recorded routes (field ``name``) stacked along the batch; None when none has them."""
+    if all(getattr(r, name) is None for r in rollouts):
+        return None
+    if len({r.input_ids.shape[1] for r in rollouts}) > 1 or any(getattr(r, name) is None for r in rollouts):
+        raise ValueError(f"cannot concatenate rollouts with recorded {name} of different lengths (or only some)")
+    return Routes([torch.cat(x) for x in zip(*[getattr(r, name).indices for r in rollouts], strict=True)],
+                  [torch.cat(x) for x in zip(*[getattr(r, name).entropy for r in rollouts], strict=True)])
 
 
 def dataset_columns(rows, prompt_index: Tensor) -> dict[str, list]:
