@@ -479,7 +479,7 @@ def _gap(xs, ys):
     return max(float((x - y).abs().max()) for x, y in zip(xs, ys, strict=True))
 
 
-# paper-index: importance.seq_tis_weights importance.seq_mis_weights importance.sequence_log_ratio
+# paper-index: importance.seq_tis_weights importance.seq_mis_weights
 def test_exact_gradient_sequences_product_is_unbiased_token_and_geomean_are_not():
     """On 9 two-token sequences: the product weight pi_old(y) / mu(y) gives exactly the on-policy gradient; the
     token weights r_t give each token's gradient under a mixed measure (the other token from mu); the geometric
