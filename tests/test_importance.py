@@ -618,7 +618,7 @@ def test_weights_and_weighted_loss_match_trls_own_code(case, tok, trl_setup, tmp
     assert diff < 1e-6
     assert 0.05 < acted < 0.95  # the bounds acted on part of the batch, not all or none of it
     # the loss and its gradient, on-policy (ratio 1) and with pi shifted away from pi_old (ratios clipped)
-    B, P = old.shape[0], out["prompt_ids"].shape[1]
+    P = out["prompt_ids"].shape[1]
     input_ids = torch.cat([out["prompt_ids"], out["completion_ids"]], 1)
     attention_mask = torch.cat([out["prompt_mask"], out["completion_mask"]], 1)
     for old_shift in (0.0, 0.3 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1))):
