@@ -342,10 +342,11 @@ def mismatch_metrics(old_logprobs: Tensor, sampler_logprobs: Tensor, completion_
     """What the engines log about the sampler/trainer gap and what a correction did to the batch.
 
     With log r_t = log pi_old(y_t) - log mu(y_t) over valid tokens (sampled from mu), the three KL estimators of
-    KL(mu || pi_old) (Schulman 2020; verl's ``rollout_corr/kl`` family): k1 = -log r, k2 = (log r)^2 / 2,
-    k3 = r - 1 - log r; TRL's ``sampling_logp_difference`` (mean and max |log r|); the token ratio's min and max
-    (exp continued linearly past 20 nats, as ``checks.exp_linear_above``: finite); the sequence ratio's max
-    (``form``); and the share of tokens and of sequences whose weight the correction truncated or masked.
+    KL(mu || pi_old) (Schulman 2020): k1 = -log r (verl's ``rollout_corr/kl``), k2 = (log r)^2 / 2,
+    k3 = r - 1 - log r (verl's ``rollout_corr/k3_kl``); TRL's ``sampling_logp_difference`` (mean and max |log r|);
+    the token ratio's min and max (exp continued linearly past 20 nats, as ``checks.exp_linear_above``: finite);
+    the sequence ratio's max (``form``); and the share of tokens and of sequences whose weight the correction
+    truncated or masked.
 
     Example: old [[-1.0, -1.0]], sampler [[-1.0, -1.5]], all valid: log r = [0, 0.5]; k1 = (0 - 0.5)/2 = -0.25,
     k2 = (0 + 0.125)/2 = 0.0625, k3 = (0 + e^0.5 - 1.5)/2 = 0.074361; with token_tis, C = 1.5: one of 2 tokens
