@@ -1,6 +1,6 @@
 """minirl: a small, readable reference implementation of RL for language models.
 
-The math (copyable, torch only): advantages, losses, kl, rewards, sampling, preference (+ kl_toy, pg_toy,
+The math (copyable, torch only): advantages, losses, kl, rewards, sampling, preference, importance (+ kl_toy, pg_toy,
 preference_toy).
 The model side: tasks, tokenizer, models, rollout, moe. The loops, one stage per file: config, warm_start, rl,
 preference_loop, preference_data, evaluation, history, plots, bench. The names below are the public API

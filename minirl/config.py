@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import advantages, kl, losses
+from . import advantages, importance, kl, losses
 from .checks import choice
 
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
@@ -134,11 +134,15 @@ class RLConfig:
     routing_replay: bool = False  # record the rollout's experts and force them in training forwards
     replay_source: str = "trainer"  # routing replay's routes: "trainer" (R2: pi_old's recomputing forward) or
     # "sampler" (R3: the experts the sampler used while decoding, Ma et al. 2025)
-    # --- the sampler (sampler.py): the trainer itself by default; a mismatched copy on purpose
-    sampler_dtype: str = "float32"  # "float32" or "bfloat16" (a copy, synced after every update)
+    # --- a sampler that is not the trainer (sampler.py, importance.py); the defaults change nothing
+    sampler_dtype: str = "float32"  # "float32" (the trainer itself) or "bfloat16" (a copy, synced every update)
     sampler_logit_noise: float = 0.0  # std (nats) of noise on the sampler's next-token logits
     sampler_router_noise: float = 0.0  # std of noise on the sampler's MoE router logits
-    pi_old: str = "recompute"  # "recompute" (the trainer's forward) or "sampler" (its log-probs: the naive way)
+    pi_old: str = "recomputed"  # importance.PI_OLD: the trainer's recomputed pi_old, or "naive" (the sampler's)
+    is_correction: str = "none"  # importance.CORRECTIONS: "none", "token_tis", "token_mis", "seq_tis", "seq_mis"
+    is_cap: float = 2.0  # C of TIS / C_max of MIS, on the weight pi_old / sampler (Yao et al.: 2; TRL's default 3)
+    is_cap_low: float | None = None  # optional C_min: TIS raises weights to it, MIS masks those below it
+    is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
     # --- logging
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
@@ -162,13 +166,12 @@ class RLConfig:
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
         choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
-        choice("pi_old", self.pi_old, ("recompute", "sampler"))
         if self.sampler_logit_noise < 0 or self.sampler_router_noise < 0:
             raise ValueError(f"sampler_logit_noise and sampler_router_noise must be >= 0, got "
                              f"{self.sampler_logit_noise} and {self.sampler_router_noise}")
-        if self.routing_replay and self.replay_source == "trainer" and self.pi_old == "sampler":
+        if self.routing_replay and self.replay_source == "trainer" and self.pi_old == "naive":
             raise ValueError("routing_replay with replay_source='trainer' (R2) records the routes of pi_old's "
-                             "recomputing forward, which pi_old='sampler' skips: use replay_source='sampler' (R3)")
+                             "recomputing forward, which pi_old='naive' skips: use replay_source='sampler' (R3)")
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "num_iterations",
                      "num_minibatches", "max_gen_batches"):
             if getattr(self, name) < 1:
@@ -199,6 +202,16 @@ class RLConfig:
                              f"eps_high={self.eps_high}")
         if not (self.tau_pos > 0 and self.tau_neg > 0):
             raise ValueError(f"tau_pos and tau_neg (SAPO) must be > 0, got {self.tau_pos}, {self.tau_neg}")
+        choice("pi_old", self.pi_old, importance.PI_OLD)
+        choice("is_correction", self.is_correction, importance.CORRECTIONS)
+        choice("is_seq_form", self.is_seq_form, importance.SEQ_FORMS)
+        if not 0 < self.is_cap <= importance.MAX_CAP:
+            raise ValueError(f"is_cap must be in (0, e^20], got {self.is_cap}")
+        if self.is_cap_low is not None and not 0 < self.is_cap_low < self.is_cap:
+            raise ValueError(f"is_cap_low must be None or in (0, is_cap={self.is_cap}), got {self.is_cap_low}")
+        if self.pi_old == "naive" and self.is_correction != "none":
+            raise ValueError(f"is_correction={self.is_correction!r} with pi_old='naive': the weight pi_old / sampler "
+                             f"would be exactly 1 (pi_old is the sampler's); use pi_old='recomputed'")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:

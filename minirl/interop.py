@@ -26,6 +26,9 @@ Convention differences that remain where both engines run the same switches (eac
   verl's "cispo" is two-sided; the one-sided form is written there as clip_ratio_low=1.0 (a lower bound of 0).
 - GMPO: TRL 1.16's ``trl.experimental.gmpo.GMPOTrainer`` and verl's "geo_mean" average over all B rows; minirl
   leaves rows with no valid token out (TRL and verl still count such a row, with weight 1 and its advantage).
+- Sampler corrections: a NaN sampler log-prob gets weight 1 in TRL 1.16 (``nan_to_num``), and a ValueError in
+  minirl (``importance``); both weight only the policy-gradient term, not the KL; TRL's and verl's sequence
+  weights are products of token ratios (minirl's ``is_seq_form="geomean"`` raises for both).
 - TRL 1.16 multiplies the KL term by the importance ratio by default (``use_bias_correction_kl=True``), which
   changes the gradient even on-policy; ``to_trl`` sets it False, which is GRPO's (and minirl's) loss.
 """
@@ -91,6 +94,12 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
     (seq-mean-token-mean only); "gmpo" -> the same arguments for ``trl.experimental.gmpo.GMPOConfig``, whose
     epsilon / epsilon_high are the log-space bounds eps_low / eps_high (``to_trl`` builds that class).
 
+    The sampler correction (``minirl.importance``): is_correction token_tis / token_mis / seq_tis / seq_mis ->
+    vllm_importance_sampling_correction=True, vllm_importance_sampling_mode token_truncate / token_mask /
+    sequence_truncate / sequence_mask, clip_max = is_cap, clip_min = is_cap_low (the deprecated
+    vllm_importance_sampling_cap is clip_max); "none" -> correction False. TRL computes the weights only with
+    use_vllm=True (pass it to ``to_trl``), from its recomputed pi_old (pi_old="recomputed").
+
     GSPO-token ("sequence-token") maps to TRL's "sequence" level: TRL 1.16 has no GSPO-token level (neither in
     GRPOConfig nor in trl.experimental), and with one advantage per sequence, which is all TRL computes, GSPO-token
     has GSPO's value and gradient (Zheng et al. 2025, eq. 13-14; tested). With another aggregation it raises.
@@ -109,7 +118,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
             dynamic_sampling / overlong_shaping (unless in ``without``), adv_eps other than 1e-4,
             level="sequence-token" with an aggregation other than seq-mean-token-mean, GSPO with another
             aggregation, dual_clip <= 1 + eps_high, two-sided CISPO, CISPO other than token-mean, SAPO other
-            than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline.
+            than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline, pi_old="naive",
+            is_seq_form="geomean" with a sequence correction.
         ValueError: for an invalid config, a name in ``without`` that is not droppable, or a micro-batch that does
             not divide the minibatch.
 
@@ -167,7 +177,28 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg), **_TRL_FIXED)
+        **_trl_common(cfg), **{**_TRL_FIXED, **_trl_importance(cfg)})
+
+
+#: minirl RLConfig.is_correction -> TRL 1.16's vllm_importance_sampling_mode.
+_TRL_IS_MODE = {"token_tis": "token_truncate", "token_mis": "token_mask", "seq_tis": "sequence_truncate",
+                "seq_mis": "sequence_mask"}
+
+
+def _trl_importance(cfg: RLConfig) -> dict:
+    """GRPOConfig's vllm_importance_sampling_* for cfg's sampler correction; {} for none (_TRL_FIXED turns it off).
+    TRL computes the weights only with use_vllm=True (without vLLM its sampler is its trainer: nothing to correct)."""
+    if cfg.pi_old == "naive":
+        raise _missing("pi_old='naive'", "GRPOTrainer never takes the sampler's log-probs as pi_old (it recomputes "
+                       "them, or uses its own detached log-probs on-policy)")
+    if cfg.is_correction == "none":
+        return {}
+    if cfg.is_correction.startswith("seq") and cfg.is_seq_form != "product":
+        raise _missing(f"is_seq_form={cfg.is_seq_form!r}", "TRL 1.16's sequence modes exponentiate the SUM of the "
+                       "token log-ratios (a product of ratios; TRL issue #5814 asks for the geometric mean)")
+    return dict(vllm_importance_sampling_correction=True,
+                vllm_importance_sampling_mode=_TRL_IS_MODE[cfg.is_correction],
+                vllm_importance_sampling_clip_max=cfg.is_cap, vllm_importance_sampling_clip_min=cfg.is_cap_low)
 
 
 def _trl_common(cfg: RLConfig) -> dict:
@@ -228,7 +259,7 @@ _TRL_FIXED = dict(
     router_aux_loss_coef=0.0,  # minirl's loop adds no MoE load-balancing loss (TRL's None = the model's, 0.001)
     top_entropy_quantile=1.0, entropy_coef=0.0, use_adaptive_entropy=False,  # every token, no entropy bonus
     off_policy_mask_threshold=None, fp16=False,  # no off-policy sequence mask; float32 (see bf16)
-    vllm_importance_sampling_correction=False,  # no sampler/trainer correction (TRL's default True acts with vLLM)
+    vllm_importance_sampling_correction=False,  # TRL's default True acts with vLLM; True for is_correction
     multi_objective_aggregation="sum_then_normalize",  # weighted sum of the reward functions, then the group
     reward_weights=None,  # 1 per function; pass reward_weights=... to to_trl for other weights
     sync_ref_model=False,  # the reference is the starting policy, never updated
@@ -256,8 +287,9 @@ _UNPINNED_BY_REASON = {  # reason: the fields, space-separated
         "vespo_lambda_pos vespo_k_neg vespo_lambda_neg",
     "inert: use_adaptive_entropy=False": "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target",
     "inert: sync_ref_model=False": "ref_model_mixup_alpha ref_model_sync_steps",
-    "inert: vllm_importance_sampling_correction=False": "vllm_importance_sampling_mode "
-        "vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min vllm_importance_sampling_cap",
+    "inert with vllm_importance_sampling_correction=False; set by trl_kwargs for is_correction": "vllm_importance_"
+        "sampling_mode vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min",
+    "deprecated alias of vllm_importance_sampling_clip_max (which trl_kwargs sets)": "vllm_importance_sampling_cap",
     "generation engine: where vLLM runs, not what it samples": "vllm_mode vllm_model_impl vllm_enable_sleep_mode "
         "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
         "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size",
@@ -426,18 +458,24 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     GSPO for per-sequence advantages; vanilla PPO always applies dual-clip, so "no dual clip" is written as
     clip_ratio_c=1e9. loss_mode cispo -> "cispo" (one-sided: clip_ratio_low=1.0), sapo -> "sapo" with
     actor.tau_pos / tau_neg, gmpo -> "geo_mean" (clip_ratio_low / high are then its log-space bounds; the loss
-    averages over all rows). These names are the same in verl 0.7.0 and 0.9.1.
+    averages over all rows). These names are the same in verl 0.7.0 and 0.9.1. The sampler correction
+    (``algorithm.rollout_correction``, verl 0.9.1 only): pi_old="naive" -> bypass_mode=True (old_log_probs = the
+    rollout's, verl's own PPO clip); token_tis / seq_tis -> rollout_is=token / sequence with rollout_is_threshold
+    = is_cap (truncation from above); token_mis / seq_mis -> the same with "is_cap_low_is_cap" (IcePop: weights
+    outside the bounds zeroed); the sequence weight is exp of the summed log-ratios (clamped at +-20 nats).
     advantage rloo is the same estimator; reinforce_plus_plus(_baseline) whiten over the batch's TOKENS
     (weighted by length, / sqrt(var + 1e-8)), minirl over its sequences (/ (std + adv_eps)): equal for one length.
 
     Raises:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
             places), overlong_filter, adv_scale="batch", adaptive_kl with the KL in the loss, GSPO or SAPO with
-            another aggregation.
+            another aggregation, pi_old="naive" with a loss other than token PPO clip, is_seq_form="geomean",
+            is_cap_low with TIS, MIS without is_cap_low.
         ValueError: for an invalid config.
 
     Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
-    ``verl/experimental/reward_loop/reward_manager/dapo.py``, ``verl/trainer/ppo/core_algos.py``.
+    ``verl/experimental/reward_loop/reward_manager/dapo.py``, ``verl/trainer/ppo/core_algos.py``,
+    ``verl/trainer/config/algorithm/rollout_correction.yaml``, ``verl/trainer/ppo/rollout_corr_helper.py``.
     """
     cfg.validate()
     if cfg.routing_replay:
@@ -495,6 +533,7 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
             out += [f"algorithm.kl_ctrl.target_kl={cfg.target_kl}", f"algorithm.kl_ctrl.horizon={cfg.kl_horizon}"]
     else:
         out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
+    out += _verl_importance(cfg)
     if cfg.dynamic_sampling:
         out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
                 f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
@@ -504,6 +543,29 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
         out += ["reward.reward_manager.name=dapo", f"{buffer}.enable=True", f"{buffer}.len={cfg.overlong_cache_len}",
                 f"{buffer}.penalty_factor=1.0", f"+reward.reward_kwargs.max_resp_len={cfg.max_new_tokens}"]
     return out
+
+
+def _verl_importance(cfg: RLConfig) -> list[str]:
+    """verl 0.9.1's algorithm.rollout_correction overrides for cfg's pi_old and sampler correction ([] for none)."""
+    c = "algorithm.rollout_correction"
+    if cfg.pi_old == "naive":  # bypass mode: old_log_probs = the rollout's, and verl's own PPO-clip loss
+        if cfg.loss_mode != "clip" or cfg.level != "token":
+            raise _missing(f"pi_old='naive' with loss_mode={cfg.loss_mode!r}, level={cfg.level!r}", "verl's "
+                           "bypass_mode replaces the policy loss by its own token-level PPO clip")
+        return [f"{c}.bypass_mode=True", f"{c}.loss_type=ppo_clip"]
+    if cfg.is_correction == "none":
+        return []
+    if cfg.is_correction.startswith("seq") and cfg.is_seq_form != "product":
+        raise _missing(f"is_seq_form={cfg.is_seq_form!r}", "verl's rollout_is=sequence weight is exp of the SUM of "
+                       "the token log-ratios (its seq_mean_k1 rejection masks on the geometric mean, without weights)")
+    if cfg.is_correction.endswith("tis") and cfg.is_cap_low is not None:
+        raise _missing(f"is_cap_low={cfg.is_cap_low} with {cfg.is_correction}", "verl truncates from above only")
+    if cfg.is_correction.endswith("mis") and cfg.is_cap_low is None:
+        raise _missing(f"{cfg.is_correction} without is_cap_low", "verl's masked weights (a 'lower_upper' "
+                       "threshold, IcePop) need both bounds")
+    threshold = cfg.is_cap if cfg.is_correction.endswith("tis") else f"{cfg.is_cap_low}_{cfg.is_cap}"
+    level = "token" if cfg.is_correction.startswith("token") else "sequence"
+    return [f"{c}.rollout_is={level}", f"{c}.rollout_is_threshold={threshold}", f"{c}.bypass_mode=False"]
 
 
 def to_verl(cfg: RLConfig) -> str:

@@ -103,7 +103,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
                 eps_high: float | None = None, level: str = "token", agg: str = "token-mean",
                 dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None,
                 loss_mode: str = "clip", cispo_form: str = "two-sided", tau_pos: float = 1.0,
-                tau_neg: float = 1.05) -> tuple[Tensor, dict]:
+                tau_neg: float = 1.05, is_weights: Tensor | None = None) -> tuple[Tensor, dict]:
     """The policy-gradient loss: checks the inputs, then calls ``token_clip_loss`` (PPO, GRPO, DAPO),
     ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token) by ``level``, or, by ``loss_mode``, one of the
     losses that keep the gradient the clip removes: ``cispo_loss``, ``sapo_loss``, ``gmpo_loss``.
@@ -133,6 +133,12 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
             [-eps_low, eps_high]); "gmpo" needs agg="seq-mean-token-mean" and advantages (B,).
         cispo_form: "two-sided" (paper eq. 5, verl) or "one-sided" (TRL: only the cap 1 + eps_high).
         tau_pos, tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (> 0).
+        is_weights: optional importance weights between a sampler and the trainer (``importance.is_weights``):
+            (B, T) per token or (B,) per sequence (only (B,) at level="sequence" and for GMPO), finite, >= 0,
+            detached. Each loss term is multiplied by its weight before aggregation, as TRL and verl do. Done as
+            A * w, which is exactly that for every loss here: each is positively homogeneous in A (for w >= 0,
+            max(-wA r, -wA clip(r)) = w max(-A r, -A clip(r)); w keeps A's sign, so SAPO's temperature and GMPO's
+            side do not change; w = 0 gives 0). The clip-fraction stats then leave out weight-0 tokens.
 
     Returns:
         (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens whose gradient the
@@ -144,8 +150,9 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
 
     Raises:
         ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps,
-            dual_clip (<= 1), level / agg, loss_mode, cispo_form or tau_pos / tau_neg are invalid, or a
-            loss_mode other than "clip" is combined with level != "token" or dual_clip.
+            dual_clip (<= 1), level / agg, loss_mode, cispo_form or tau_pos / tau_neg are invalid, a
+            loss_mode other than "clip" is combined with level != "token" or dual_clip, or is_weights has the
+            wrong shape or a negative or non-finite value on a valid token.
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
     GSPO, Zheng et al. 2025, eq. 5-7 and 13-14; CISPO, MiniMax 2025 (arXiv 2506.13585), eq. 4-5; SAPO, Gao et
@@ -180,6 +187,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
                          f"'seq-mean-token-mean', got {agg!r}")
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
+    if is_weights is not None:  # w L(A) = L(w A) for w >= 0 (see the Args): the weight reaches every loss below
+        advantages = advantages * _per_token_weights(is_weights, mask, one_per_seq)
     # from here on only valid positions are read: padding may hold anything (a pad token's log-prob can be -inf)
     logprobs, old_logprobs = zero_outside(logprobs, mask), zero_outside(old_logprobs.detach(), mask)
     if loss_mode == "cispo":
@@ -208,6 +217,22 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     kl_tokens = exp_linear_above(lr, LOG_RATIO_LINEAR_ABOVE) - 1 - lr  # (B, T)
     stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
+
+
+def _per_token_weights(is_weights: Tensor, mask: Tensor, one_per_seq: bool) -> Tensor:
+    """(B, T) detached importance weights from (B,) or (B, T), never read outside the valid tokens (rows); finite
+    and >= 0 there, or ValueError."""
+    B, T = mask.shape
+    if is_weights.shape == (B,):  # one weight per row, for every position (GSPO reads column 0)
+        w = torch.where(mask.sum(-1) > 0, is_weights.detach(), 0.0).unsqueeze(1).expand(B, T)
+    elif is_weights.shape == (B, T) and not one_per_seq:
+        w = zero_outside(is_weights.detach(), mask)
+    else:
+        raise ValueError(f"is_weights must have shape ({B},) or ({B}, {T}) (only (B,) at level='sequence' and for "
+                         f"GMPO), got {tuple(is_weights.shape)}")
+    if not (torch.isfinite(w).all() and (w >= 0).all()):
+        raise ValueError("is_weights must be finite and >= 0 on valid tokens")
+    return w.to(mask.dtype)
 
 
 def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,

@@ -25,7 +25,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import kl, losses, models, rewards, rollout, sampling, tasks
+from . import importance, kl, losses, models, rewards, rollout, sampling, tasks
 from .checks import zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -105,7 +105,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         rl_batch = RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                            n_prompt_tokens=batch.n_prompt_tokens, completion_mask=mask,
                            loss_mask=loss_mask(batch, cfg), old_logprobs=old_logprobs, advantages=advantages,
-                           ref_logprobs=ref_logprobs, old_values=old_values, returns=returns, routes=routes)
+                           ref_logprobs=ref_logprobs, old_values=old_values, returns=returns, routes=routes,
+                           sampler_logprobs=batch.sampler_logprobs)
         # 4. optimise: epochs x minibatches (split by groups), one optimiser step each
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic)
@@ -117,6 +118,10 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
         row.update({name: float(np.mean(values)) for name, values in logged.items()})
+        if sampler is not model and cfg.pi_old == "recomputed":  # the sampler/trainer gap, as the engines log it
+            row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
+                old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,
+                cap_low=cfg.is_cap_low, form=cfg.is_seq_form).items()})
         if cfg.adaptive_kl and kl_tokens is not None:
             beta = adaptive_kl_beta(beta, row["kl_ref_seq"], target_kl=cfg.target_kl, horizon=cfg.kl_horizon,
                                     n_samples=len(rl_batch))
@@ -220,9 +225,12 @@ def on_policy(cfg: RLConfig) -> bool:
     update happens after the loss is computed. Then pi_old's log-probs are the training forward's, detached (the
     ratio is exactly 1 and the clip never acts), and the no-grad forward that would recompute them is skipped, as
     TRL does. Routing replay (which records or replays pi_old's experts), a KL penalty in the reward (which reads
-    pi_old's log-probs before the update) and pi_old="sampler" (which takes them from the sampler) are not."""
+    pi_old's log-probs before the update), pi_old="naive" (which takes them from the sampler) and a sampler that is
+    not the trainer (whose gap to pi_old is measured every step) are not."""
+    sampler_is_trainer = cfg.sampler_dtype == "float32" and cfg.sampler_logit_noise == cfg.sampler_router_noise == 0
     return (cfg.num_iterations == 1 and cfg.num_minibatches == 1 and not cfg.routing_replay
-            and not (cfg.beta > 0 and cfg.kl_placement == "reward") and cfg.pi_old == "recompute")
+            and not (cfg.beta > 0 and cfg.kl_placement == "reward") and cfg.pi_old == "recomputed"
+            and sampler_is_trainer)
 
 
 @torch.no_grad()
@@ -234,14 +242,15 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
     pi_old is recomputed by one forward of the trainer's model on the final batch: with R2 routing replay while
     its experts are recorded, with R3 while the sampler's experts are forced. It is None when the step is
     ``on_policy`` (the update then uses the training forward's own log-probs, detached), and the sampler's own
-    log-probs with ``pi_old="sampler"``, the naive way that treats the sampler's numbers as the trainer's."""
+    log-probs with ``pi_old="naive"``, the naive way that treats the sampler's numbers as the trainer's."""
     mask, P = batch.completion_mask, batch.n_prompt_tokens
     old_logprobs, routes = None, None
     r3 = cfg.routing_replay and cfg.replay_source == "sampler"
     if r3:
         routes = batch.sampler_routes
-    if cfg.pi_old == "sampler":
-        old_logprobs = zero_outside(batch.sampler_logprobs, mask)
+    if cfg.pi_old == "naive":
+        old_logprobs = importance.choose_old_logprobs(None, zero_outside(batch.sampler_logprobs, mask),
+                                                      pi_old="naive")
     elif not on_policy(cfg):
         if r3:
             context = replay_routing(model, routes)
@@ -335,6 +344,7 @@ class RLBatch:
     old_values: Tensor | None = None  # (B, T) the critic's at rollout time (PPO)
     returns: Tensor | None = None  # (B, T) the critic's regression targets (PPO)
     routes: Routes | None = None  # recorded MoE routing of pi_old's forward (routing replay)
+    sampler_logprobs: Tensor | None = None  # (B, T) the sampler's own, for an importance correction
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -379,11 +389,17 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
         logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
         old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # on-policy: ratio 1
+        weights = None  # the sampler is not pi_old: re-weight its samples towards pi_old (importance.py)
+        if cfg.is_correction != "none":
+            weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
+                                            correction=cfg.is_correction, cap=cfg.is_cap, cap_low=cfg.is_cap_low,
+                                            form=cfg.is_seq_form)
         pg_loss, st = losses.policy_loss(logprobs, old_logprobs, micro.advantages, micro.loss_mask,
                                          eps_low=cfg.eps_low, eps_high=cfg.eps_high, level=cfg.level, agg=cfg.agg,
                                          dual_clip=cfg.dual_clip, max_tokens=cfg.max_new_tokens,
                                          denominator=denominator, loss_mode=cfg.loss_mode,
-                                         cispo_form=cfg.cispo_form, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg)
+                                         cispo_form=cfg.cispo_form, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg,
+                                         is_weights=weights)
         kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
         value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
         loss = pg_loss + beta * kl_loss + value_loss  # the whole objective

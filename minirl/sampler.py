@@ -13,7 +13,7 @@ back in, with a dial:
 
 The copy is synced with the trainer's weights after every update (``sync_sampler``), as engines reload weights.
 Everything the sampler reports (its log-probs, its routes) comes from its own forwards; pi_old is still the
-trainer's, recomputed (``rl.behaviour_logprobs``), unless the loop is told to trust the sampler (``pi_old="sampler"``).
+trainer's, recomputed (``rl.behaviour_logprobs``), unless the loop is told to trust the sampler (``pi_old="naive"``).
 """
 
 from __future__ import annotations

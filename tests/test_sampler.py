@@ -130,11 +130,13 @@ def test_record_routing_along_the_sequence_checks_rows(tok):
 
 @pytest.mark.parametrize("settings", [
     dict(sampler_dtype="bfloat16"),
-    dict(sampler_dtype="bfloat16", pi_old="sampler"),
+    dict(sampler_dtype="bfloat16", pi_old="naive"),
     dict(sampler_logit_noise=0.3, num_minibatches=1),
     dict(sampler_router_noise=0.5, routing_replay=True, replay_source="sampler"),
-    dict(sampler_router_noise=0.5, routing_replay=True, replay_source="sampler", pi_old="sampler"),
+    dict(sampler_router_noise=0.5, routing_replay=True, replay_source="sampler", pi_old="naive"),
     dict(sampler_router_noise=0.5, routing_replay=True),
+    dict(sampler_dtype="bfloat16", is_correction="token_tis"),
+    dict(sampler_logit_noise=0.3, num_minibatches=1, is_correction="seq_mis", is_cap_low=0.5),
 ], ids=lambda d: "+".join(f"{k}={v}" for k, v in d.items()))
 def test_the_loop_trains_with_a_mismatched_sampler(tok, settings):
     model = small_moe(tok)
@@ -142,23 +144,25 @@ def test_the_loop_trains_with_a_mismatched_sampler(tok, settings):
                              progress=False, **{"num_minibatches": 2, **settings})
     history = rl.train_rl(model, tok, cfg, tasks.load_split("train").select(range(8)))
     assert len(history.rows) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in history.rows)
+    if cfg.pi_old == "recomputed":  # the gap is logged every step, and it is not zero
+        assert all(r["mismatch_logp_diff_max"] > 0 for r in history.rows)
 
 
 def test_the_sampler_settings_are_validated():
     for bad, match in ((dict(sampler_dtype="fp8"), "sampler_dtype"), (dict(pi_old="engine"), "pi_old"),
                        (dict(replay_source="both"), "replay_source"), (dict(sampler_logit_noise=-0.1), ">= 0"),
-                       (dict(routing_replay=True, pi_old="sampler"), "R3")):
+                       (dict(routing_replay=True, pi_old="naive"), "R3")):
         with pytest.raises(ValueError, match=match):
             config.make_config("grpo", **bad).validate()
 
 
 def test_naive_pi_old_is_the_samplers_log_probs(tok):
-    # pi_old="sampler": behaviour_logprobs returns the sampler's own log-probs; "recompute": the trainer's
+    # pi_old="naive": behaviour_logprobs returns the sampler's own log-probs; "recompute": the trainer's
     model = small_dense(tok)
     sampler = make_sampler(model, logit_noise=0.5, seed=0)
     torch.manual_seed(0)
     r = rollout.generate(sampler, tok, PROMPTS, 2, max_new_tokens=8, recompute_logprobs=False)
-    naive = config.make_config("grpo", pi_old="sampler")
+    naive = config.make_config("grpo", pi_old="naive")  # the sampler's numbers as pi_old
     old, _, _ = rl.behaviour_logprobs(model, None, r, naive)
     torch.testing.assert_close(old, r.sampler_logprobs * r.completion_mask)
     old, _, _ = rl.behaviour_logprobs(model, None, r, config.make_config("grpo"))  # 2 minibatches: recomputed
