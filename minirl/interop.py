@@ -61,6 +61,14 @@ def _missing(switch: str, why: str, hint: str = "") -> NotImplementedError:
     return NotImplementedError(f"{switch}: {why}" + (f"; {hint}" if hint else ""))
 
 
+def _simulated_sampler(cfg: RLConfig) -> None:
+    """minirl's sampler dials simulate an inference engine; an engine's sampler is a real one (vLLM, SGLang)."""
+    if cfg.sampler_dtype != "float32" or cfg.sampler_logit_noise or cfg.sampler_router_noise:
+        raise _missing("sampler_dtype / sampler_logit_noise / sampler_router_noise",
+                       "they simulate an inference engine's mismatch; in an engine the sampler is the engine itself",
+                       "keep the importance correction (is_correction) and drop the dials")
+
+
 def _layout(cfg: RLConfig) -> dict:
     """Rows per generation, per optimiser step and per forward of one rollout (single process)."""
     rows = cfg.prompts_per_step * cfg.group_size  # B of one rollout
@@ -140,6 +148,7 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         raise _missing(f"kl_estimator={cfg.kl_estimator!r}", "GRPOTrainer's KL in the loss is k3 only")
     if cfg.adaptive_kl:
         raise _missing("adaptive_kl", "GRPOTrainer's beta is fixed")
+    _simulated_sampler(cfg)
     if cfg.routing_replay:
         raise _missing("routing_replay", "GRPOTrainer does not record or replay MoE routing",
                        "GSPO (level='sequence') is the method that does without it")
@@ -478,9 +487,11 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     ``verl/trainer/config/algorithm/rollout_correction.yaml``, ``verl/trainer/ppo/rollout_corr_helper.py``.
     """
     cfg.validate()
+    _simulated_sampler(cfg)
     if cfg.routing_replay:
-        raise _missing("routing_replay", "verl 0.9's router_replay (R2 / R3 modes) is not verified against "
-                       "minirl's (record pi_old's forward, replay it in training)")
+        raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
+                       f"{'R3' if cfg.replay_source == 'sampler' else 'R2'} (Megatron and VeOmni engines only), "
+                       "not verified here against minirl's")
     if cfg.overlong_filter:
         raise _missing("overlong_filter", "verl 0.9 has no option that masks truncated completions in the loss")
     if cfg.advantage == "group" and cfg.adv_scale == "batch":

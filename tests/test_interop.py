@@ -684,3 +684,13 @@ def test_rloo_loss_and_gradient_match_trls_rlootrainer_on_policy(tok, base_model
     scale = max(float(q.grad.abs().max()) for q in model_m.parameters())
     print(f"max |grad difference| {diff:.2e}, max |grad| {scale:.2f}")
     assert scale > 1e-3 and diff < 1e-5 * scale, (diff, scale)  # float32 sums over up to 16 tokens: relative
+
+
+def test_the_simulated_sampler_has_no_engine_equivalent():
+    # the dials simulate an engine's mismatch: in TRL and verl the sampler is the engine, so they raise, naming them
+    for settings in (dict(sampler_dtype="bfloat16"), dict(sampler_logit_noise=0.5)):
+        cfg = make_config("grpo", **settings)
+        with pytest.raises(NotImplementedError, match="sampler_dtype"):
+            interop.to_trl(cfg, output_dir="unused")
+        with pytest.raises(NotImplementedError, match="sampler_dtype"):
+            interop.to_verl(cfg)
