@@ -68,3 +68,35 @@ def compare_runs(histories: dict, key: str, ylabel: str, *, title: str = "", ax=
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return ax
+
+
+def source(fn) -> str:
+    """A function's source without its docstring: the few lines a notebook shows of the code it teaches."""
+    import ast
+    import inspect
+    import textwrap
+
+    text = textwrap.dedent(inspect.getsource(fn))
+    node = ast.parse(text).body[0]
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        lines = text.splitlines()
+        start, end = body[0].lineno - 1, body[0].end_lineno  # the docstring's lines (1-based, inclusive)
+        return "\n".join(lines[:start] + lines[end:])
+    return text
+
+
+#: One colour per arm name, the same in every notebook and in ``sweep.plot_metric``; other names get a fixed colour
+#: of their own (from a checksum of the name, so it never depends on the order arms are drawn in).
+PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed, noise 1.0": "tab:orange",
+           "token TIS, noise 1.0": "tab:blue", "token MIS, noise 1.0": "tab:green",
+           "GRPO": "tab:blue", "GRPO + Routing Replay": "tab:purple", "GSPO": "tab:green", "GSPO-token": "tab:olive",
+           "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink"}
+
+
+def arm_color(arm: str) -> str:
+    """The colour of an arm: ``PALETTE``'s, else one of matplotlib's ten chosen by a checksum of the name."""
+    import zlib
+
+    return PALETTE.get(arm) or f"C{zlib.crc32(arm.encode()) % 10}"
