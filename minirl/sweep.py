@@ -39,6 +39,7 @@ from . import rl, tasks
 from .config import PROGRESS_INTERVAL, make_config, resolve_profile
 from .evaluation import fresh_sample_kl
 from .history import History
+from .plots import arm_color
 from .warm_start import warm_start
 
 
@@ -201,7 +202,7 @@ def plot_metric(ax, summary: dict, key: str, arms=None, x: str = "step", **style
         if x == "samples":
             cum = dict(zip(s["gen_samples_cum"]["step"], s["gen_samples_cum"]["mean"], strict=True))
             xs = [cum.get(t, 0.0) for t in m["step"]]  # step 0 (before training): no sample generated yet
-        (line,) = ax.plot(xs, m["mean"], label=f"{arm} (n={len(s['seeds'])})", **style)
+        (line,) = ax.plot(xs, m["mean"], label=f"{arm} (n={len(s['seeds'])})", **{"color": arm_color(arm), **style})
         ax.fill_between(xs, m["min"], m["max"], color=line.get_color(), alpha=0.15, lw=0)
     ax.set_xlabel("generated samples" if x == "samples" else "RL step")
     ax.grid(alpha=0.3)
