@@ -64,7 +64,8 @@ def protected(have: dict[str, str]) -> set[str]:
     names = set(PROTECTED_BY)
     for top in PROTECTED_BY:
         if top in have:
-            names |= {canonicalize_name(Requirement(r).name) for r in importlib.metadata.requires(top) or []}
+            names |= {canonicalize_name(req.name) for req in map(Requirement, importlib.metadata.requires(top) or [])
+                      if applies(req)}
     return names
 
 
@@ -162,8 +163,14 @@ def _train_lines(work: Path) -> list[str]:
     times = [r["time"] for r in rows if isinstance(r.get("time"), (int, float))]
     if times:
         med = statistics.median(times)
-        out.append(f"  one RL step: median {med:.3f} s (min {min(times):.3f}, max {max(times):.3f}); "
-                   f"200 steps (the profile's default) would take about {200 * med:.0f} s of steps plus evaluations")
+        out.append(f"  one RL step: median {med:.3f} s (min {min(times):.3f}, max {max(times):.3f})")
+        try:
+            from minirl.config import PROFILES
+
+            default = PROFILES[s["profile"]].rl_steps
+            out.append(f"  the profile's default {default} steps: about {default * med:.0f} s of steps, plus evaluations")
+        except (ImportError, KeyError):
+            pass
     return out
 
 

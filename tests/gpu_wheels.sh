@@ -21,7 +21,7 @@ $PIP download --quiet --no-deps --only-binary=:all: --python-version "$PYVER" --
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
     --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 --platform manylinux_2_5_x86_64 \
-    --platform manylinux1_x86_64 -d "$DIR" -r "$LIST"
+    --platform manylinux1_x86_64 -d "$DIR" -r "$LIST" 2> >(grep -v "is ignored: it is neither a file nor" >&2)
 
 listed=$(grep -cE '^[A-Za-z0-9]' "$LIST")
 got=$(find "$DIR" -name '*.whl' | wc -l)
