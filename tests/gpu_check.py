@@ -37,7 +37,8 @@ def wheel_meta(path: Path) -> tuple[str, str, list[Requirement]]:
     with zipfile.ZipFile(path) as z:
         name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         meta = email.parser.Parser().parsestr(z.read(name).decode())
-    return canonicalize_name(meta["Name"]), meta["Version"], [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+    requires = [Requirement(r) for r in meta.get_all("Requires-Dist") or []]
+    return canonicalize_name(meta["Name"]), meta["Version"], requires
 
 
 def applies(req: Requirement) -> bool:
@@ -168,7 +169,8 @@ def _train_lines(work: Path) -> list[str]:
             from minirl.config import PROFILES
 
             default = PROFILES[s["profile"]].rl_steps
-            out.append(f"  the profile's default {default} steps: about {default * med:.0f} s of steps, plus evaluations")
+            out.append(f"  the profile's default {default} steps: about {default * med:.0f} s of steps, "
+                       f"plus evaluations")
         except (ImportError, KeyError):
             pass
     return out
@@ -179,7 +181,8 @@ def summary(work_dir: str) -> int:
     rows = [ln.split("\t") for ln in (work / "parts.tsv").read_text().splitlines() if ln.strip()]
     env = json.loads((work / "env.json").read_text()) if (work / "env.json").exists() else {}
     print("=" * 30 + " gpu_check summary " + "=" * 30)
-    print("machine: " + ", ".join(f"{k} {v}" for k, v in env.items()) if env else "machine: (import check failed)")
+    machine = ", ".join(f"{k} {v}" for k, v in env.items()) or "(unknown: the imports part did not pass)"
+    print(f"machine: {machine}")
     print(f"{'part':12s} {'status':10s} {'seconds':>8s} {'limit':>6s}")
     for name, status, secs, limit in rows:
         print(f"{name:12s} {status:10s} {float(secs):8.1f} {float(limit):6.0f}")

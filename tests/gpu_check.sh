@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2034  # the BUDGET_ names are read as ${!budget_var} in part()
 # The GPU check: on a fresh CUDA machine with no network, install what minirl needs from carried wheels, then run the
 # gpu profile's bench, the main job and notebooks 02 and 05 (nbval), each timed and bounded, and print their figures.
 #
@@ -15,7 +16,7 @@
 # Results go to $OUT when set (the device machine's folder that comes back), else ./gpu-check-out: gpu_check.log
 # (everything printed), parts.tsv, bench.json, train_summary.json, train_metrics.jsonl, train_curves.png.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 # --- budgets: seconds per part (a part may also use what earlier parts left unspent); their sum is the whole check's
 TOTAL_BUDGET_S=360
