@@ -8,6 +8,7 @@
 #   dry run here: GPU_CHECK_PROFILE=cpu GPU_CHECK_TRAIN_STEPS=4 GPU_CHECK_BENCH_REPEATS=1 GPU_CHECK_BUDGET_SCALE=4 \
 #                 GPU_CHECK_PYTHON=/path/to/throwaway-venv/bin/python bash tests/gpu_check.sh
 #
+# GPU_CHECK_COMMIT names the commit in the log where the tree that travels has no .git.
 # GPU_CHECK_ONLY="install imports ..." runs only the parts it names (a rerun of some parts, or the dry run of one).
 # Every part runs even when an earlier one failed; the exit status is 1 if any part failed or ran out of time.
 # The install step runs pip in the environment of GPU_CHECK_PYTHON (default python3) with --no-index --no-deps: it
@@ -45,7 +46,7 @@ export MINIRL_PROFILE="$PROFILE" MINIRL_CACHE="$WORK/cache" PYTHONUNBUFFERED=1 M
     PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 echo "gpu_check: profile $PROFILE, python $PY, wheels $WHEELS, budget ${TOTAL_BUDGET_S} s x $SCALE," \
      "main job $TRAIN_STEPS steps, bench $BENCH_REPEATS repeats; $(date -u +%FT%TZ); commit" \
-     "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+     "${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 T0=$(date +%s.%N)
 ALLOWED=0   # seconds the parts so far may have used in all
