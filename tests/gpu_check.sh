@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2034  # the BUDGET_ names are read as ${!budget_var} in part()
+# The GPU check: on a fresh CUDA machine with no network, install what minirl needs from carried wheels, then run the
+# gpu profile's bench, the main job and notebooks 02 and 05 (nbval), each timed and bounded, and print their figures.
+#
+#   here, once:   bash tests/gpu_wheels.sh          # fills .gpu-wheels/ (git-ignored, ~20 MiB) for Python 3.12
+#   there:        bash tests/gpu_check.sh           # with .gpu-wheels carried along; about 6 minutes at most
+#   dry run here: GPU_CHECK_PROFILE=cpu GPU_CHECK_TRAIN_STEPS=4 GPU_CHECK_BENCH_REPEATS=1 GPU_CHECK_BUDGET_SCALE=4 \
+#                 GPU_CHECK_PYTHON=/path/to/throwaway-venv/bin/python bash tests/gpu_check.sh
+#
+# GPU_CHECK_COMMIT names the commit in the log where the tree that travels has no .git.
+# GPU_CHECK_ONLY="install imports ..." runs only the parts it names (a rerun of some parts, or the dry run of one).
+# Every part runs even when an earlier one failed; the exit status is 1 if any part failed or ran out of time.
+# The install step runs pip in the environment of GPU_CHECK_PYTHON (default python3) with --no-index --no-deps: it
+# adds only what that environment lacks and leaves torch, transformers and the rest of the image as they are; use it
+# on a throwaway machine or venv (it also runs "pip install -e ." there).
+# Results go to $OUT when set (the device machine's folder that comes back), else ./gpu-check-out: gpu_check.log
+# (everything printed), parts.tsv, bench.json, train_summary.json, train_metrics.jsonl, train_curves.png.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+# --- budgets: seconds per part (a part may also use what earlier parts left unspent); their sum is the whole check's
+TOTAL_BUDGET_S=360
+BUDGET_install=30
+BUDGET_imports=20
+BUDGET_bench=40
+BUDGET_warm_start=60
+BUDGET_train=70
+BUDGET_nb02=70
+BUDGET_nb05=70
+TRAIN_STEPS="${GPU_CHECK_TRAIN_STEPS:-100}"   # the main job with 100 of the gpu profile's 200 RL steps, to fit
+BENCH_REPEATS="${GPU_CHECK_BENCH_REPEATS:-5}"
+SCALE="${GPU_CHECK_BUDGET_SCALE:-1}"          # > 1 only for the CPU dry run
+PROFILE="${GPU_CHECK_PROFILE:-gpu}"
+PY="${GPU_CHECK_PYTHON:-python3}"
+WHEELS="${GPU_CHECK_WHEELS:-.gpu-wheels}"
+WORK="${GPU_CHECK_WORK:-/tmp/minirl-gpu-check}"
+RESULTS="${OUT:-$PWD/gpu-check-out}"
+
+rm -rf "$WORK"
+mkdir -p "$WORK" "$RESULTS"
+exec > >(tee "$RESULTS/gpu_check.log") 2>&1
+TEE_PID=$!
+export MINIRL_PROFILE="$PROFILE" MINIRL_CACHE="$WORK/cache" PYTHONUNBUFFERED=1 MPLBACKEND=Agg \
+    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 HF_DATASETS_CACHE="$WORK/hf-datasets" TOKENIZERS_PARALLELISM=false \
+    PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+echo "gpu_check: profile $PROFILE, python $PY, wheels $WHEELS, budget ${TOTAL_BUDGET_S} s x $SCALE," \
+     "main job $TRAIN_STEPS steps, bench $BENCH_REPEATS repeats; $(date -u +%FT%TZ); commit" \
+     "${GPU_CHECK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+
+T0=$(date +%s.%N)
+ALLOWED=0   # seconds the parts so far may have used in all
+: > "$WORK/parts.tsv"
+
+# part NAME COMMAND: run COMMAND (a bash string) under a timeout that ends at the sum of the budgets so far
+part() {
+    local name=$1 cmd=$2 budget_var="BUDGET_$1"
+    if [ -n "${GPU_CHECK_ONLY:-}" ] && [[ " $GPU_CHECK_ONLY " != *" $name "* ]]; then
+        echo "===== $name: skipped (GPU_CHECK_ONLY=$GPU_CHECK_ONLY) ====="
+        return
+    fi
+    ALLOWED=$(awk -v a="$ALLOWED" -v b="${!budget_var}" -v s="$SCALE" 'BEGIN {print a + b * s}')
+    local limit
+    limit=$(awk -v a="$ALLOWED" -v t0="$T0" -v now="$(date +%s.%N)" 'BEGIN {l = a - (now - t0); print (l < 5 ? 5 : int(l))}')
+    echo
+    echo "===== $name (limit $limit s) ====="
+    echo "\$ $cmd"
+    local start rc status
+    start=$(date +%s.%N)
+    timeout --kill-after=10 "$limit" bash -c "$cmd" 2>&1 | tee "$WORK/$name.log"
+    rc=${PIPESTATUS[0]}
+    local secs
+    secs=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}')
+    case $rc in
+        0) status=ok ;;
+        124 | 137) status=TIMEOUT ;;
+        *) status="FAILED($rc)" ;;
+    esac
+    printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$secs" "$limit" >> "$WORK/parts.tsv"
+    echo "===== $name: $status in $secs s ====="
+}
+
+part install "
+    set -e
+    want=\$(cat '$WHEELS/PYTHON_VERSION' 2>/dev/null || { echo 'no $WHEELS/PYTHON_VERSION: run tests/gpu_wheels.sh here first and carry $WHEELS' >&2; exit 1; })
+    have=\$('$PY' -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])')
+    if [ \"\$want\" != \"\$have\" ]; then
+        echo \"the wheels in $WHEELS are for Python \$want, this python is \$have: rerun tests/gpu_wheels.sh with GPU_WHEELS_PYTHON=\$have\" >&2
+        exit 1
+    fi
+    echo \"wheels for Python \$want; this python: \$have (\$('$PY' -c 'import sys; print(sys.executable)'))\"
+    files=\$('$PY' tests/gpu_check.py plan '$WHEELS')
+    if [ -n \"\$files\" ]; then
+        '$PY' -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --no-warn-script-location \$files
+    fi
+    '$PY' -m pip install --quiet --no-index --no-deps --no-build-isolation --no-cache-dir -e .
+    '$PY' tests/gpu_check.py verify '$WHEELS'
+"
+
+part imports "
+    '$PY' - <<'EOF'
+import json, platform, sys
+import torch, transformers, datasets, nbval, ipykernel, jupyter_client
+import minirl
+from minirl import tasks
+from minirl.config import resolve_profile
+prof = resolve_profile()   # raises for profile gpu without CUDA
+env = {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,
+       'device': torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu',
+       'transformers': transformers.__version__, 'datasets': datasets.__version__, 'nbval': nbval.__version__,
+       'ipykernel': ipykernel.__version__, 'profile': prof.name, 'cpus': __import__('os').cpu_count()}
+print(json.dumps(env))
+print('minirl from', minirl.__file__, '; train split', len(tasks.load_split('train')), 'rows')
+json.dump(env, open('$WORK/env.json', 'w'))
+EOF
+"
+
+part bench "'$PY' -m minirl bench --profile '$PROFILE' --repeats '$BENCH_REPEATS' > '$WORK/bench.json'; rc=\$?; cat '$WORK/bench.json'; exit \$rc"
+
+# The profile's warm starts (dense and MoE, seed 0), trained once into the cache that the main job and the notebooks
+# then load: so each of those parts times its own work, not the SFT.
+part warm_start "
+    '$PY' - <<'EOF'
+import time
+from minirl.warm_start import describe_heldout, warm_start
+for moe in (False, True):
+    t0 = time.time()
+    model, tok, info = warm_start('$PROFILE', seed=0, moe=moe)
+    print(('moe  ' if moe else 'dense'), info['parameters'], 'parameters,', round(time.time() - t0, 1), 's:',
+          describe_heldout(info), flush=True)
+EOF
+"
+
+part train "'$PY' -m minirl train --algo grpo --profile '$PROFILE' --steps '$TRAIN_STEPS' --out '$WORK/train'"
+
+part nb02 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/02_*.ipynb"
+part nb05 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/05_*.ipynb"
+
+for f in parts.tsv bench.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$RESULTS/$f"; done
+for f in summary.json metrics.jsonl curves.png; do [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/train_$f"; done
+echo
+"$PY" tests/gpu_check.py summary "$WORK"
+rc=$?
+echo "gpu_check: wall time $(awk -v t0="$T0" -v now="$(date +%s.%N)" 'BEGIN {printf "%.0f", now - t0}') s; results in $RESULTS"
+exec 1>&- 2>&-
+wait "$TEE_PID"   # the log is complete before the results are collected
+exit $rc
