@@ -120,7 +120,9 @@ def record_routing(model: torch.nn.Module, *, along: str = "batch"):
             h.remove()
     dim = 0 if along == "batch" else 1
     if len({shape[1 - dim] for shape in shapes}) > 1:
-        raise ValueError(f"record_routing(along={along!r}) saw forwards of shapes {sorted(set(shapes))}")
+        what = "lengths" if along == "batch" else "row counts"
+        raise ValueError(f"record_routing(along={along!r}) saw forwards of different {what}: shapes "
+                         f"{sorted(set(shapes))}")
     routes.indices = [torch.cat(x, dim=dim) for x in per_layer]
     routes.entropy = [torch.cat(x, dim=dim) for x in ent_layer]
 
