@@ -67,7 +67,7 @@ def main() -> None:
             rows.append({"model": kind, "sampler": setting, "per_seed": per_seed, "summary": summary})
             print(kind, setting, {k: round(v["mean"], 5) for k, v in summary.items()}, flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"command": "OMP_NUM_THREADS=1 python notebooks/results/mismatch_table.py", "commit": commit,
+    out = {"command": "python notebooks/results/mismatch_table.py", "commit": commit,  # run at OMP_NUM_THREADS=1
            "machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
            "torch": torch.__version__, "seeds": list(SEEDS), "rollout": "16 prompts x 8 samples, 40 new tokens",
            "wall_seconds": round(time.time() - t0, 1), "rows": rows}
