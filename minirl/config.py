@@ -7,6 +7,7 @@ collected in ``ALGORITHMS`` so the differences can be read at a glance (``algori
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -132,6 +133,8 @@ class RLConfig:
     value_clip: float | None = 0.2
     # --- MoE
     routing_replay: bool = False  # record the rollout's experts and force them in training forwards
+    router_aux_loss_coef: float = 0.0  # weight of the router's load-balancing loss (moe.load_balancing_loss) in the
+    # objective; 0 (default) leaves it out. TRL's router_aux_loss_coef; the MoE model's own config says 0.001
     # --- logging
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
@@ -183,6 +186,8 @@ class RLConfig:
                              f"eps_high={self.eps_high}")
         if not (self.tau_pos > 0 and self.tau_neg > 0):
             raise ValueError(f"tau_pos and tau_neg (SAPO) must be > 0, got {self.tau_pos}, {self.tau_neg}")
+        if not (self.router_aux_loss_coef >= 0 and math.isfinite(self.router_aux_loss_coef)):
+            raise ValueError(f"router_aux_loss_coef must be a finite number >= 0, got {self.router_aux_loss_coef}")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
