@@ -265,7 +265,10 @@ def summarize(spec: SweepSpec, out_dir: str | Path) -> dict:
             per_step = zip(*(itertools.accumulate(v) for _, v in samples), strict=True)  # samples so far, per seed
             arm_out["gen_samples_cum"] = {"step": samples[0][0], "mean": [statistics.fmean(v) for v in per_step]}
         arms[arm] = arm_out
-    return {"name": spec.name, "spec": asdict(spec), "arms": arms}
+    stored_spec = asdict(spec)
+    if stored_spec["update_probe"] is None:  # added after most sweeps were stored: left out of theirs when unused
+        del stored_spec["update_probe"]
+    return {"name": spec.name, "spec": stored_spec, "arms": arms}
 
 
 def load_summary(path: str | Path) -> dict:
