@@ -163,7 +163,8 @@ def _update_probe(probe: dict, model, tokenizer, eval_data, cfg):
       over the step's updates (the spread of a token ratio one update produces, for any arm: GSPO's logged
       ``ratio_std`` is of sequence ratios);
     - ``rollout_token_ratio_var``: the same between the policy that sampled the rollout and the one after all its
-      updates (what the rollout's last minibatch sees, before its own update);
+      updates (what the rollout's last minibatch sees, before its own update); ``update_abs_log_ratio`` and
+      ``rollout_abs_log_ratio``: the mean |log ratio| (nats per token), which a few extreme tokens sway far less;
     - MoE only: ``update_routing_change`` (``moe.routing_change_fraction`` over the probe's real tokens, mean over
       layers and the step's updates), ``update_routing_change_l{i}`` per layer, ``rollout_routing_change``,
       ``router_entropy`` (nats, mean over layers and real tokens) and ``expert_load_max`` (the largest expert's
@@ -189,7 +190,8 @@ def _update_probe(probe: dict, model, tokenizer, eval_data, cfg):
         return logprobs, routes
 
     def change(before, after) -> dict:
-        out = {"token_ratio_var": float((after[0] - before[0])[mask].exp().var())}
+        log_ratio = (after[0] - before[0])[mask]  # (n_tokens,)
+        out = {"token_ratio_var": float(log_ratio.exp().var()), "token_abs_log_ratio": float(log_ratio.abs().mean())}
         if is_moe:
             out["routing_change"] = moe.routing_change_fraction(before[1], after[1], valid, per_layer=True)
         return out
@@ -205,8 +207,10 @@ def _update_probe(probe: dict, model, tokenizer, eval_data, cfg):
     def log(step: int, row: dict) -> None:
         updates, state["updates"] = state["updates"], []
         row["update_token_ratio_var"] = statistics.fmean(u["token_ratio_var"] for u in updates)
+        row["update_abs_log_ratio"] = statistics.fmean(u["token_abs_log_ratio"] for u in updates)
         whole = change(state["rollout_start"], state["now"])
         row["rollout_token_ratio_var"] = whole["token_ratio_var"]
+        row["rollout_abs_log_ratio"] = whole["token_abs_log_ratio"]
         if is_moe:
             per_layer = [statistics.fmean(layer) for layer in zip(*(u["routing_change"] for u in updates), strict=True)]
             row["update_routing_change"] = statistics.fmean(per_layer)

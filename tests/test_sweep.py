@@ -188,6 +188,7 @@ def test_update_probe_measures_every_update_without_changing_the_run(tmp_path, m
     assert all(0 <= v <= 1 for v in m["update_routing_change"]["mean"])
     assert all(0.25 - 1e-6 <= v <= 1 for v in m["expert_load_max"]["mean"])  # >= 1 / 4 experts
     assert "update_routing_change" not in d and min(d["update_token_ratio_var"]["mean"]) > 0
+    assert min(d["update_abs_log_ratio"]["mean"]) > 0 and "rollout_abs_log_ratio" in m
     for arm in arms:  # the probe changed nothing the run computes
         assert probed["arms"][arm]["metrics"]["score"] == plain["arms"][arm]["metrics"]["score"]
         assert probed["arms"][arm]["metrics"]["loss"] == plain["arms"][arm]["metrics"]["loss"]
