@@ -7,6 +7,7 @@ collected in ``ALGORITHMS`` so the differences can be read at a glance (``algori
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -143,6 +144,8 @@ class RLConfig:
     is_cap: float = 2.0  # C of TIS / C_max of MIS, on the weight pi_old / sampler (Yao et al.: 2; TRL's default 3)
     is_cap_low: float | None = None  # optional C_min: TIS raises weights to it, MIS masks those below it
     is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
+    router_aux_loss_coef: float = 0.0  # weight of the router's load-balancing loss (moe.load_balancing_loss) in the
+    # objective; 0 (default) leaves it out. TRL's router_aux_loss_coef; the MoE model's own config says 0.001
     # --- logging
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
@@ -212,6 +215,8 @@ class RLConfig:
         if self.pi_old == "naive" and self.is_correction != "none":
             raise ValueError(f"is_correction={self.is_correction!r} with pi_old='naive': the weight pi_old / sampler "
                              f"would be exactly 1 (pi_old is the sampler's); use pi_old='recomputed'")
+        if not (self.router_aux_loss_coef >= 0 and math.isfinite(self.router_aux_loss_coef)):
+            raise ValueError(f"router_aux_loss_coef must be a finite number >= 0, got {self.router_aux_loss_coef}")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:

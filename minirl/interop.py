@@ -84,14 +84,17 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
     """The keyword arguments of ``trl.GRPOConfig`` (TRL 1.16) that run ``cfg``; TRL itself is not imported.
 
     Every GRPOConfig field that changes the loss, advantages, sampling or batch layout is stated, whatever TRL's
-    default (``_TRL_FIXED``: e.g. ``router_aux_loss_coef=0.0``, minirl adds no MoE auxiliary loss, TRL's default
-    takes the model's); every other field is in ``TRL_UNPINNED`` with the reason it does not matter.
+    default (``_TRL_FIXED``); every other field is in ``TRL_UNPINNED`` with the reason it does not matter.
 
     Switch by switch: group_size -> num_generations; eps_low / eps_high -> epsilon / epsilon_high; dual_clip c ->
     delta = c (TRL's two-sided clip caps the ratio at delta, which for c > 1 + eps_high is exactly dual-clip PPO);
     adv_scale -> scale_rewards; agg -> loss_type (``_TRL_LOSS_TYPE``); level "sequence" -> importance_sampling_level
     "sequence"; beta -> beta (k3 in the loss, ``use_bias_correction_kl=False``); overlong_filter ->
-    mask_truncated_completions. One rollout is ``prompts_per_step * group_size`` rows split into num_minibatches
+    mask_truncated_completions; router_aux_loss_coef -> router_aux_loss_coef (the MoE load-balancing loss, 0 by
+    default: TRL's own default None would take the model config's 0.001; TRL then asks the model for its router
+    logits, whose ``aux_loss`` is ``moe.load_balancing_loss`` over the prompt and completion tokens, averaged
+    over gradient accumulation, as minirl's ``rl.router_aux_term``). One rollout is
+    ``prompts_per_step * group_size`` rows split into num_minibatches
     optimiser steps (steps_per_generation = num_minibatches x accumulation, per_device_train_batch_size = the
     micro-batch), repeated num_iterations times; max_steps counts optimiser steps. The lr is constant (TRL's
     default schedule decays linearly), the optimiser plain torch AdamW, the weights float32 (bf16=False: TRL's
@@ -223,6 +226,8 @@ def _trl_common(cfg: RLConfig) -> dict:
         max_steps=cfg.steps * cfg.num_iterations * cfg.num_minibatches,
         # optimiser
         learning_rate=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm,
+        # the MoE load-balancing loss, stated even when off: TRL's None takes the model config's (0.001 here)
+        router_aux_loss_coef=cfg.router_aux_loss_coef,
         lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", seed=cfg.seed,
         bf16=False,  # float32, as minirl; a real run on GPUs passes bf16=True
     )
@@ -265,7 +270,6 @@ def rloo_trl_kwargs(cfg: RLConfig) -> dict:
 #: GRPOConfig fields (TRL 1.16) that change what a preset computes, pinned to what minirl's loop does.
 _TRL_FIXED = dict(
     # the loss
-    router_aux_loss_coef=0.0,  # minirl's loop adds no MoE load-balancing loss (TRL's None = the model's, 0.001)
     top_entropy_quantile=1.0, entropy_coef=0.0, use_adaptive_entropy=False,  # every token, no entropy bonus
     off_policy_mask_threshold=None, fp16=False,  # no off-policy sequence mask; float32 (see bf16)
     vllm_importance_sampling_correction=False,  # TRL's default True acts with vLLM; True for is_correction
@@ -477,9 +481,9 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
 
     Raises:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
-            places), overlong_filter, adv_scale="batch", adaptive_kl with the KL in the loss, GSPO or SAPO with
-            another aggregation, pi_old="naive" with a loss other than token PPO clip, is_seq_form="geomean",
-            is_cap_low with TIS, MIS without is_cap_low.
+            places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
+            the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
+            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low.
         ValueError: for an invalid config.
 
     Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
@@ -492,6 +496,9 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
         raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
                        f"{'R3' if cfg.replay_source == 'sampler' else 'R2'} (Megatron and VeOmni engines only), "
                        "not verified here against minirl's")
+    if cfg.router_aux_loss_coef > 0:
+        raise _missing("router_aux_loss_coef", "verl's MoE auxiliary loss is configured per model backend, not "
+                       "verified against minirl's moe.load_balancing_loss")
     if cfg.overlong_filter:
         raise _missing("overlong_filter", "verl 0.9 has no option that masks truncated completions in the loss")
     if cfg.advantage == "group" and cfg.adv_scale == "batch":

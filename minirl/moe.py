@@ -227,3 +227,75 @@ def expert_load(routes: Routes, num_experts: int, mask: Tensor) -> Tensor:
         counts = torch.zeros(num_experts, device=ix.device).index_add_(0, ix.reshape(-1), w)
         loads.append(counts / counts.sum().clamp(min=1))
     return torch.stack(loads)
+
+
+@contextmanager
+def capture_router_logits(model: torch.nn.Module):
+    """Collect every router's logits, WITH their gradient, while the block runs: a list with one (N, E) tensor per
+    layer and forward (N = B * L tokens), in call order, for ``load_balancing_loss``.
+
+    The logits are the model's own (the router's output, before softmax), so the auxiliary loss differentiates
+    through the same router weights the policy uses; with ``replay_routing`` active they are unchanged (replay
+    changes only the chosen experts and their weights). Use one forward per block.
+
+    Raises:
+        ValueError: if the model has no routers.
+    """
+    logits: list[Tensor] = []
+    handles = [r.register_forward_hook(lambda module, inputs, output: logits.append(output[0]))
+               for r in routers(model)]
+    try:
+        yield logits
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def load_balancing_loss(router_logits: list[Tensor], mask: Tensor, *, top_k: int) -> Tensor:
+    """The router's load-balancing auxiliary loss, E * sum_e f_e * P_e, pooled over the layers.
+
+    f_e is the share of (token, layer) rows that put expert e among their top-k (so the f_e sum to k), P_e the mean
+    router probability of expert e over the same rows; both count valid tokens only. The loss is k for a perfectly
+    balanced router (f_e = k / E, P_e = 1 / E) and grows as the load concentrates; only P_e carries a gradient (the
+    top-k choice is discrete). Pooling the layers before the product, instead of averaging per-layer losses, is what
+    transformers' Qwen3-MoE / Mixtral ``load_balancing_loss_func`` does, and hence what TRL's
+    ``router_aux_loss_coef`` weights; this function gives its value (tested).
+
+    Example: one layer, E = 2 experts, top-1, two valid tokens with probabilities [0.75, 0.25] and [0.25, 0.75]:
+    f = [0.5, 0.5], P = [0.5, 0.5], loss = 2 * (0.25 + 0.25) = 1.0 (balanced); with both tokens [0.75, 0.25],
+    f = [1, 0], P = [0.75, 0.25], loss = 2 * 0.75 = 1.5.
+
+    Args:
+        router_logits: one (N, E) tensor per layer (``capture_router_logits``), N = B * L tokens of one forward.
+        mask: (B, L) 1 on real tokens (the forward's attention mask): padding is not routed load.
+        top_k: experts per token (the model's ``num_experts_per_tok``).
+
+    Returns:
+        Scalar tensor (dimensionless), differentiable through the router logits.
+
+    Raises:
+        ValueError: for no layers, a mask that does not match N, or top_k outside [1, E]. A mask with no valid
+            token gives 0 (no load to balance), not NaN.
+
+    Source: Switch Transformer, Fedus et al. 2022, eq. 4-6. Top-k and pooled layers as in transformers'
+    ``load_balancing_loss_func`` (models/qwen3_moe/modeling_qwen3_moe.py, Mixtral's form).
+    """
+    if not router_logits:
+        raise ValueError("router_logits is empty: no MoE layer was run inside capture_router_logits")
+    n_tokens, num_experts = router_logits[0].shape
+    if mask.numel() != n_tokens:
+        raise ValueError(f"mask has {mask.numel()} positions but the router saw {n_tokens} tokens: pass the "
+                         f"(B, L) attention mask of the same forward")
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+    dtype = torch.promote_types(router_logits[0].dtype, torch.float32)  # at least float32, float64 kept
+    w = (mask.reshape(-1) > 0).to(dtype=dtype, device=router_logits[0].device)  # (N,)
+    chosen = torch.zeros(num_experts, dtype=dtype, device=w.device)
+    prob = torch.zeros(num_experts, dtype=dtype, device=w.device)
+    for logits in router_logits:
+        probs = torch.softmax(logits.to(dtype), dim=-1)  # (N, E)
+        top = probs.topk(top_k, dim=-1).indices  # (N, k)
+        chosen = chosen + torch.zeros_like(chosen).index_add_(0, top.reshape(-1), w.repeat_interleave(top_k))
+        prob = prob + (probs * w.unsqueeze(-1)).sum(0)
+    rows = (w.sum() * len(router_logits)).clamp(min=1)  # valid (token, layer) rows; none: the loss is 0
+    return num_experts * ((chosen / rows) * (prob / rows)).sum()

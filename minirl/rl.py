@@ -13,10 +13,10 @@ What differs between the algorithms is a handful of ``RLConfig`` switches (``con
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -30,7 +30,7 @@ from .checks import zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
-from .moe import Routes, record_routing, replay_routing
+from .moe import Routes, capture_router_logits, load_balancing_loss, record_routing, replay_routing, routers
 from .sampler import make_sampler, sync_sampler
 
 
@@ -67,6 +67,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
     cfg.validate()
+    if cfg.router_aux_loss_coef > 0:
+        routers(model)  # raises ValueError for a model without MoE routers: no load to balance
     if "prompt" not in train_data.column_names:
         raise ValueError(f"train_data needs a 'prompt' column, got columns {train_data.column_names}")
     reward_fn = reward_fn or tasks.running_sums_reward
@@ -257,7 +259,7 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
         elif cfg.routing_replay:
             context = record_routing(model)
         else:
-            context = contextlib.nullcontext()
+            context = nullcontext()
         with context as recorded:
             old_logprobs = zero_outside(rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
                                                                temperature=cfg.temperature), mask)
@@ -375,19 +377,22 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     """One optimiser step on ``minibatch``, accumulating gradients over micro-batches of cfg.micro_batch_size rows.
 
     The objective is pg_loss + beta * kl_loss (KL in the loss) + value_loss (PPO's critic, which shares no
-    parameter with the policy). Every term is divided by the WHOLE minibatch's count (tokens or sequences, see
+    parameter with the policy) + router_aux_loss_coef * aux_loss (an MoE's load-balancing loss, when switched on).
+    Every term but the last is divided by the WHOLE minibatch's count (tokens or sequences, see
     ``loss_denominator``), so the micro-batch losses add up to exactly the minibatch's loss whatever their size.
 
     Returns:
         dict of floats: the policy loss's stats (clip fractions, ratios, approx_kl), loss, value_loss (PPO),
-        entropy (nats per token, at the sampling temperature) and grad_norm (before clipping).
+        aux_loss (with the load-balancing loss on), entropy (nats per token, at the sampling temperature) and
+        grad_norm (before clipping).
     """
     denominator = loss_denominator(minibatch.loss_mask, cfg)
     n_tokens = float(minibatch.loss_mask.sum().clamp(min=1))  # the value loss is a token mean
     optimizer.zero_grad(set_to_none=True)
     stats, entropy_sum = [], 0.0
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
-        logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
+        with router_logits_if(model, cfg) as router_logits:  # the routers' logits, only with the aux loss on
+            logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
         old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # on-policy: ratio 1
         weights = None  # the sampler is not pi_old: re-weight its samples towards pi_old (importance.py)
         if cfg.is_correction != "none":
@@ -402,9 +407,12 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
                                          is_weights=weights)
         kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
         value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
-        loss = pg_loss + beta * kl_loss + value_loss  # the whole objective
-        loss.backward()
-        stats.append({**st, **vst, "loss": float((pg_loss + beta * kl_loss).detach())})
+        aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0
+        policy_objective = pg_loss + beta * kl_loss + cfg.router_aux_loss_coef * aux_loss
+        (policy_objective + value_loss).backward()  # the whole objective
+        stats.append({**st, **vst, "loss": float(policy_objective.detach())})
+        if router_logits:
+            stats[-1]["aux_loss"] = float(aux_loss.detach()) * len(minibatch) / len(micro)  # this micro-batch's
         entropy_sum += float((entropy.detach() * micro.completion_mask).sum())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # once, after accumulation
     if critic is not None:
@@ -434,6 +442,20 @@ def policy_logprobs(model, micro: RLBatch, temperature: float) -> tuple[Tensor, 
         return rollout.token_logprobs(*args, temperature=temperature, return_entropy=True)
     with replay_routing(model, micro.routes):
         return rollout.token_logprobs(*args, temperature=temperature, return_entropy=True)
+
+
+def router_logits_if(model, cfg: RLConfig):
+    """``moe.capture_router_logits`` when the load-balancing loss is on, else a block that yields no logits."""
+    return capture_router_logits(model) if cfg.router_aux_loss_coef > 0 else nullcontext([])
+
+
+def router_aux_term(router_logits: list[Tensor], micro: RLBatch, model, n_minibatch: int) -> Tensor:
+    """The micro-batch's load-balancing loss (``moe.load_balancing_loss`` over its prompt and completion tokens),
+    weighted by its share of the minibatch's rows: with equal micro-batches the sum over them is the mean of the
+    micro-batch losses, as TRL averages them over gradient accumulation (the loss is not linear in the tokens, so no
+    weighting makes it exactly the whole minibatch's)."""
+    aux = load_balancing_loss(router_logits, micro.attention_mask, top_k=model.config.num_experts_per_tok)
+    return aux * len(micro) / n_minibatch
 
 
 def kl_loss_term(logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: float) -> Tensor:

@@ -33,9 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from tqdm import tqdm
 
-from . import rl, tasks
+from . import moe, rl, rollout, tasks
 from .config import PROGRESS_INTERVAL, make_config, resolve_profile
 from .evaluation import fresh_sample_kl
 from .history import History
@@ -57,12 +58,19 @@ class SweepSpec:
     eval_prompts: int = 256  # the first N held-out prompts
     kl_probe: dict | None = None  # {"prompts": N, "samples": k, "every": s}: the true KL to the warm start, measured
     #   on fresh samples of the first N held-out prompts every s steps (evaluation.fresh_sample_kl)
+    update_probe: dict | None = None  # {"prompts": N, "samples": k}: after every optimiser step, how far it moved
+    #   the policy (and an MoE's routing) on k fixed completions of the first N held-out prompts (_update_probe)
 
     def config(self, arm: str, seed: int):
         """The RLConfig of one run (raises ValueError for an unknown field, as make_config does)."""
         overrides = {**self.base, **self.arms[arm]}
+        overrides.pop("moe", None)
         algo = overrides.pop("algo", "grpo")
         return make_config(algo, **{**overrides, "seed": seed, "progress": False})
+
+    def is_moe(self, arm: str) -> bool:
+        """Whether the arm trains the MoE: the arm's own "moe" key, else the spec's (dense and MoE side by side)."""
+        return bool(self.arms[arm].get("moe", self.moe))
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -100,12 +108,22 @@ def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
     """Train one (arm, seed) run and write its History; returns its wall time in seconds."""
     t0 = time.time()
     profile = resolve_profile(spec.profile)
-    model, tokenizer, _ = warm_start(profile, seed=spec.warm_start_seed, moe=spec.moe, progress=False)
+    model, tokenizer, _ = warm_start(profile, seed=spec.warm_start_seed, moe=spec.is_moe(arm), progress=False)
     test = tasks.load_split("test")
     eval_data = test.select(range(min(spec.eval_prompts, len(test))))
     cfg = spec.config(arm, seed)
-    callback = _kl_probe(spec.kl_probe, model, tokenizer, eval_data, cfg) if spec.kl_probe else None
-    history = rl.train_rl(model, tokenizer, cfg, tasks.load_split("train"), eval_data, callback=callback)
+    probes = [_kl_probe(spec.kl_probe, model, tokenizer, eval_data, cfg)] if spec.kl_probe else []
+    hooks = []
+    if spec.update_probe:
+        probe, hook = _update_probe(spec.update_probe, model, tokenizer, eval_data, cfg)
+        probes.append(probe)
+        hooks.append(hook)
+    try:
+        history = rl.train_rl(model, tokenizer, cfg, tasks.load_split("train"), eval_data,
+                              callback=(lambda step, row: [p(step, row) for p in probes]) if probes else None)
+    finally:
+        for hook in hooks:
+            hook.remove()
     path = run_file(out_dir, arm, seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(".partial")
@@ -132,6 +150,80 @@ def _kl_probe(probe: dict, model, tokenizer, eval_data, cfg):
             row.update(true_kl=m["kl"], true_kl_stderr=m["kl_stderr"], true_kl_per_token=m["kl_per_token"],
                        fresh_entropy=m["entropy"])
     return measure
+
+
+def _update_probe(probe: dict, model, tokenizer, eval_data, cfg):
+    """A train_rl callback, and the optimiser hook it feeds, that measure what each optimiser step does to the
+    policy on a FIXED probe batch: k completions of the first N held-out prompts, sampled once from the starting
+    model (the global RNG is restored, so the run trains as it would without the probe).
+
+    After every optimiser step (a global ``torch.optim`` post-step hook) the probe's token log-probs, and an MoE's
+    routes, are recomputed and compared with those before the step. Each step's row gets:
+
+    - ``update_token_ratio_var``: the variance over the probe's completion tokens of pi_new / pi_before, averaged
+      over the step's updates (the spread of a token ratio one update produces, for any arm: GSPO's logged
+      ``ratio_std`` is of sequence ratios);
+    - ``rollout_token_ratio_var``: the same between the policy that sampled the rollout and the one after all its
+      updates (what the rollout's last minibatch sees, before its own update); ``update_abs_log_ratio`` and
+      ``rollout_abs_log_ratio``: the mean |log ratio| (nats per token), which a few extreme tokens sway far less;
+    - MoE only: ``update_routing_change`` (``moe.routing_change_fraction`` over the probe's real tokens, mean over
+      layers and the step's updates), ``update_routing_change_l{i}`` per layer, ``rollout_routing_change``,
+      ``router_entropy`` (nats, mean over layers and real tokens) and ``expert_load_max`` (the largest expert's
+      share of the token-expert assignments, mean over layers; 1 / num_experts when balanced), after the step.
+
+    Returns:
+        (callback, hook handle): remove the handle when the run ends.
+    """
+    rows = eval_data.select(range(probe["prompts"]))
+    with torch.random.fork_rng():
+        torch.manual_seed(cfg.seed + 2)
+        batch = rollout.generate(model, tokenizer, rows["prompt"], probe["samples"], cfg.max_new_tokens,
+                                 temperature=cfg.temperature)
+    is_moe = any(type(m).__name__.endswith("TopKRouter") for m in model.modules())
+    mask, valid = batch.completion_mask > 0, batch.attention_mask
+
+    @torch.no_grad()
+    def measure_now() -> tuple[torch.Tensor, moe.Routes | None]:
+        if not is_moe:
+            return rollout.token_logprobs(model, batch.input_ids, valid, batch.n_prompt_tokens), None
+        with moe.record_routing(model) as routes:
+            logprobs = rollout.token_logprobs(model, batch.input_ids, valid, batch.n_prompt_tokens)
+        return logprobs, routes
+
+    def change(before, after) -> dict:
+        log_ratio = (after[0] - before[0])[mask]  # (n_tokens,)
+        out = {"token_ratio_var": float(log_ratio.exp().var()), "token_abs_log_ratio": float(log_ratio.abs().mean())}
+        if is_moe:
+            out["routing_change"] = moe.routing_change_fraction(before[1], after[1], valid, per_layer=True)
+        return out
+
+    state = {"now": measure_now(), "updates": []}
+    state["rollout_start"] = state["now"]
+
+    def after_update(optimizer, args, kwargs) -> None:
+        new = measure_now()
+        state["updates"].append(change(state["now"], new))
+        state["now"] = new
+
+    def log(step: int, row: dict) -> None:
+        updates, state["updates"] = state["updates"], []
+        row["update_token_ratio_var"] = statistics.fmean(u["token_ratio_var"] for u in updates)
+        row["update_abs_log_ratio"] = statistics.fmean(u["token_abs_log_ratio"] for u in updates)
+        whole = change(state["rollout_start"], state["now"])
+        row["rollout_token_ratio_var"] = whole["token_ratio_var"]
+        row["rollout_abs_log_ratio"] = whole["token_abs_log_ratio"]
+        if is_moe:
+            per_layer = [statistics.fmean(layer) for layer in zip(*(u["routing_change"] for u in updates), strict=True)]
+            row["update_routing_change"] = statistics.fmean(per_layer)
+            row.update({f"update_routing_change_l{i}": c for i, c in enumerate(per_layer)})
+            row["rollout_routing_change"] = statistics.fmean(whole["routing_change"])
+            routes = state["now"][1]
+            row["router_entropy"] = statistics.fmean(float(h[valid > 0].mean()) for h in routes.entropy)
+            load = moe.expert_load(routes, model.config.num_experts, valid)  # (layers, experts)
+            row["expert_load_max"] = float(load.max(-1).values.mean())
+        state["rollout_start"] = state["now"]
+
+    return log, register_optimizer_step_post_hook(after_update)
 
 
 def run_sweep(spec_path: str | Path, out_dir: str | Path | None = None, progress: bool = True) -> dict:
@@ -178,7 +270,10 @@ def summarize(spec: SweepSpec, out_dir: str | Path) -> dict:
             per_step = zip(*(itertools.accumulate(v) for _, v in samples), strict=True)  # samples so far, per seed
             arm_out["gen_samples_cum"] = {"step": samples[0][0], "mean": [statistics.fmean(v) for v in per_step]}
         arms[arm] = arm_out
-    return {"name": spec.name, "spec": asdict(spec), "arms": arms}
+    stored_spec = asdict(spec)
+    if stored_spec["update_probe"] is None:  # added after most sweeps were stored: left out of theirs when unused
+        del stored_spec["update_probe"]
+    return {"name": spec.name, "spec": stored_spec, "arms": arms}
 
 
 def load_summary(path: str | Path) -> dict:

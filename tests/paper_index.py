@@ -34,6 +34,7 @@ PAPERS = [
     ("Azar et al. 2023 (IPO)", r"Azar"),
     ("Cover & Thomas, Elements of Information Theory", r"Cover & Thomas"),
     ("Ethayarajh et al. 2024 (KTO)", r"Ethayarajh"),
+    ("Fedus et al. 2022 (Switch Transformer)", r"Fedus|Switch Transformer"),
     ("Hu et al. 2025 (REINFORCE++)", r"\bHu et al|REINFORCE\+\+"),
     ("Huang et al. 2022 (37 implementation details of PPO)", r"Huang et al"),
     ("Kool et al. 2019 (leave-one-out baseline)", r"Kool"),

@@ -380,3 +380,116 @@ def test_trainer_routing_replay_is_exactly_on_policy_at_the_first_update(tok):
     with pytest.raises(ValueError, match="MoE"):
         rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
                          tasks.load_split("train"))
+
+
+# --- the router's load-balancing loss (off by default) -------------------------------------------------------------
+def _logits_of(probs):
+    """(N, E) logits whose softmax is ``probs``."""
+    return torch.tensor(probs, dtype=torch.float64).log()
+
+
+# paper-index: moe.load_balancing_loss
+def test_load_balancing_loss_by_hand():
+    # one layer, E = 2, top-1. Tokens [0.75, 0.25] and [0.25, 0.75]: f = [1/2, 1/2], P = [1/2, 1/2]
+    # -> 2 * (1/2 * 1/2 + 1/2 * 1/2) = 1.0, the balanced value (= top_k)
+    balanced = moe.load_balancing_loss([_logits_of([[0.75, 0.25], [0.25, 0.75]])], torch.ones(1, 2), top_k=1)
+    assert abs(float(balanced) - 1.0) < 1e-12
+    # both tokens [0.75, 0.25]: f = [1, 0], P = [0.75, 0.25] -> 2 * (1 * 0.75 + 0) = 1.5
+    skewed = moe.load_balancing_loss([_logits_of([[0.75, 0.25], [0.75, 0.25]])], torch.ones(1, 2), top_k=1)
+    assert abs(float(skewed) - 1.5) < 1e-12
+    # the second token masked (padding): only [0.75, 0.25] counts, f = [1, 0], P = [0.75, 0.25] -> 1.5
+    masked = moe.load_balancing_loss([_logits_of([[0.75, 0.25], [0.25, 0.75]])], torch.tensor([[1, 0]]), top_k=1)
+    assert abs(float(masked) - 1.5) < 1e-12
+    # two layers are pooled BEFORE the product (transformers' form): layer 1 all [0.75, 0.25], layer 2 all
+    # [0.25, 0.75]: pooled f = [1/2, 1/2], P = [1/2, 1/2] -> 1.0, although each layer alone gives 1.5
+    pooled = moe.load_balancing_loss([_logits_of([[0.75, 0.25]] * 2), _logits_of([[0.25, 0.75]] * 2)],
+                                     torch.ones(1, 2), top_k=1)
+    assert abs(float(pooled) - 1.0) < 1e-12
+    # top-2 of 4 experts, one token [0.4, 0.3, 0.2, 0.1]: f = [1, 1, 0, 0] (sums to k), P = the probs
+    # -> 4 * (0.4 + 0.3) = 2.8; a uniform router gives 4 * (2/4 * 1/4) * 4 = 2 = top_k
+    top2 = moe.load_balancing_loss([_logits_of([[0.4, 0.3, 0.2, 0.1]])], torch.ones(1, 1), top_k=2)
+    assert abs(float(top2) - 2.8) < 1e-12
+    assert abs(float(moe.load_balancing_loss([torch.zeros(3, 4)], torch.ones(1, 3), top_k=2)) - 2.0) < 1e-6
+
+
+def test_load_balancing_loss_gradient_by_hand():
+    # only P carries a gradient: d loss / d p_{n,e} = E * f_e / N (f fixed by the discrete top-k choice). Two tokens
+    # [0.75, 0.25] (top-1: f = [1, 0]): d loss / d p_{n,0} = 2 * 1 / 2 = 1, d / d p_{n,1} = 0; through the softmax,
+    # d p_0 / d z_0 = p_0 (1 - p_0) = 0.1875 and d p_0 / d z_1 = -p_0 p_1 = -0.1875 for each token
+    logits = _logits_of([[0.75, 0.25], [0.75, 0.25]]).requires_grad_(True)
+    moe.load_balancing_loss([logits], torch.ones(1, 2), top_k=1).backward()
+    assert torch.allclose(logits.grad, torch.tensor([[0.1875, -0.1875]] * 2, dtype=torch.float64), atol=1e-12)
+
+
+def test_load_balancing_loss_edge_cases():
+    assert float(moe.load_balancing_loss([torch.randn(3, 4)], torch.zeros(1, 3), top_k=2)) == 0.0  # no valid token
+    with pytest.raises(ValueError, match="empty"):
+        moe.load_balancing_loss([], torch.ones(1, 3), top_k=2)
+    with pytest.raises(ValueError, match="mask"):
+        moe.load_balancing_loss([torch.randn(3, 4)], torch.ones(1, 4), top_k=2)
+    with pytest.raises(ValueError, match="top_k"):
+        moe.load_balancing_loss([torch.randn(3, 4)], torch.ones(1, 3), top_k=5)
+
+
+def test_load_balancing_loss_equals_transformers_on_the_model_own_router_logits(tok):
+    # the real tiny MoE (4 layers, top-2 of 8): our loss from the captured router logits equals the model's own
+    # aux_loss (transformers' load_balancing_loss_func, which TRL weights) on a left-padded batch, and its gradient
+    # reaches every router
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+    model = models.tiny_moe(tok, seed=0)
+    ids = torch.randint(3, len(tok), (3, 9))
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[0, :4] = 0  # left padding
+    mask[2, :2] = 0
+    with moe.capture_router_logits(model) as logits:
+        out = model(input_ids=ids, attention_mask=mask, output_router_logits=True)
+    ours = moe.load_balancing_loss(logits, mask, top_k=model.config.num_experts_per_tok)
+    theirs = load_balancing_loss_func(tuple(logits), model.config.num_experts, model.config.num_experts_per_tok,
+                                      mask)
+    assert len(logits) == 4 and abs(float(ours.detach() - out.aux_loss.detach())) < 1e-6
+    assert abs(float(ours.detach() - theirs)) < 1e-6
+    ours.backward()
+    assert all(float(r.weight.grad.abs().sum()) > 0 for r in moe.routers(model))
+
+
+def test_router_aux_loss_coef_is_validated_and_off_by_default(tok):
+    assert config.make_config("grpo").router_aux_loss_coef == 0.0
+    for bad in (-0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="router_aux_loss_coef"):
+            config.make_config("grpo", router_aux_loss_coef=bad)
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                             router_aux_loss_coef=0.01, progress=False)
+    with pytest.raises(ValueError, match="TopKRouter"):  # a dense model has no router to balance
+        rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
+                    tasks.load_split("train"))
+
+
+@pytest.mark.parametrize("micro", [None, 4])
+def test_update_adds_exactly_coef_times_the_aux_loss(tok, moe_rollout, micro):
+    # the same update with and without the switch: the objective differs by coef x the mean over equal micro-batches
+    # of their load-balancing losses, and the router weights get a different gradient
+    model0, r = moe_rollout
+    adv = torch.tensor([1.0, -1.0] * 4)
+    mb = rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
+                    completion_mask=r.completion_mask, loss_mask=r.completion_mask, old_logprobs=r.logprobs,
+                    advantages=adv)
+    out, grads = {}, {}
+    for coef in (0.0, 0.5):
+        model = models.tiny_moe(tok, seed=0)
+        model.load_state_dict(model0.state_dict())
+        cfg = config.make_config("grpo", beta=0.0, router_aux_loss_coef=coef, micro_batch_size=micro, progress=False)
+        out[coef] = rl.update_minibatch(model, torch.optim.SGD(model.parameters(), lr=0.0), mb, cfg, beta=0.0)
+        grads[coef] = moe.routers(model)[0].weight.grad.clone()
+    with torch.no_grad(), moe.capture_router_logits(model0) as logits:
+        model0(input_ids=r.input_ids, attention_mask=r.attention_mask)
+    if micro is None:
+        expected = moe.load_balancing_loss(logits, r.attention_mask, top_k=2)
+    else:  # 8 rows in micro-batches of 4: the mean of the two halves' losses
+        layers = len(logits)
+        halves = [moe.load_balancing_loss([x.view(8, -1, x.shape[-1])[rows].reshape(-1, x.shape[-1])
+                                           for x in logits[:layers]], r.attention_mask[rows], top_k=2)
+                  for rows in (slice(0, 4), slice(4, 8))]
+        expected = sum(halves) / 2
+    assert abs(out[0.5]["loss"] - out[0.0]["loss"] - 0.5 * float(expected)) < 1e-6
+    assert abs(out[0.5]["aux_loss"] - float(expected)) < 1e-6 and "aux_loss" not in out[0.0]
+    assert float((grads[0.5] - grads[0.0]).abs().max()) > 1e-6

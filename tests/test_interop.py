@@ -186,6 +186,24 @@ def test_moe_loss_and_gradient_match_trl_with_the_aux_loss_pinned_off(algo, tok,
     assert 0.001 * 0.5 < gap < 0.001 * 20  # 0.001 x an aux loss of order num_experts x balance (1 when balanced)
 
 
+@pytest.mark.parametrize("algo", ["grpo", "gspo"])
+def test_moe_router_aux_loss_maps_to_trl_router_aux_loss_coef(algo, tok, moe_model, rollout_batch, tmp_path):
+    """minirl's load-balancing switch is TRL's router_aux_loss_coef (TRL 1.16 asks the model for its router logits
+    and adds coef x the model's aux_loss): with 0.05 the two losses and gradients agree to 1e-6 over 3 steps, and
+    the loss differs from the run without it by 0.05 x an aux loss near its balanced value k = 2."""
+    kw = dict(prompts_per_step=2, group_size=G, num_minibatches=1, num_iterations=3, max_new_tokens=16,
+              max_grad_norm=1e9, progress=False)
+    cfg = make_config(algo, router_aux_loss_coef=0.05, **kw)
+    assert interop.trl_kwargs(cfg)["router_aux_loss_coef"] == 0.05 == interop.to_trl(cfg).router_aux_loss_coef
+    with_aux = run_both(cfg, tok, moe_model, rollout_batch, tmp_path)
+    for step, (loss_t, loss_m, gdiff, gscale, *_) in enumerate(with_aux):
+        print(f"{algo} MoE + aux 0.05, step {step}: |loss gap| {abs(loss_t - loss_m):.2e}, max |grad gap| {gdiff:.2e}")
+        assert abs(loss_t - loss_m) < TOL, (step, loss_t, loss_m)
+        assert gdiff < TOL, (step, gdiff, gscale)
+    without = run_both(make_config(algo, **kw), tok, moe_model, rollout_batch, tmp_path, steps=1)[0]
+    assert 0.05 * 1.9 < with_aux[0][1] - without[1] < 0.05 * 4  # 0.05 x aux, aux >= ~k = 2 (balanced) and <= E = 4
+
+
 def test_dual_clip_is_exercised(tok, base_model, rollout_batch, tmp_path):
     """The dual-clip case above is not vacuous: with c = 1.5 the loss differs from the run without it."""
     kw = dict(prompts_per_step=2, group_size=G, num_minibatches=1, num_iterations=3, max_new_tokens=16,

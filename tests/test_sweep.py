@@ -148,3 +148,47 @@ def test_the_kl_probe_logs_the_true_kl_in_the_runs_rows(tmp_path, tiny_warm_star
     rows = [json.loads(line) for line in (tmp_path / "runs" / "grpo__s0.jsonl").open()]
     assert [r["step"] for r in rows if "true_kl" in r] == [2]
     assert all(k in rows[-1] for k in ("true_kl_stderr", "true_kl_per_token", "fresh_entropy"))
+
+
+def test_update_probe_measures_every_update_without_changing_the_run(tmp_path, monkeypatch):
+    """update_probe: a dense arm and an MoE arm side by side (the arm's own "moe" key); every optimiser step is
+    measured on the fixed probe batch (2 steps x 2 minibatches = 4 updates per run), the MoE rows carry routing
+    change, router entropy and expert load, the dense rows only the token-ratio variance; the run's own numbers are
+    the same as without the probe (its sampling restores the RNG, its forwards are no-grad); the hook is removed."""
+    import torch.optim.optimizer as optim_module
+
+    def fake_warm_start(profile, seed=0, moe=False, progress=True):
+        tok = build_tokenizer()
+        if moe:
+            return models.tiny_moe(tok, hidden_size=32, num_layers=2, num_heads=2, num_experts=4, expert_size=32,
+                                   seed=seed), tok, {}
+        return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                                 seed=seed), tok, {}
+
+    monkeypatch.setattr(sweep, "warm_start", fake_warm_start)
+    calls = []
+    real_change = sweep.moe.routing_change_fraction
+    monkeypatch.setattr(sweep.moe, "routing_change_fraction", lambda *a, **k: calls.append(1) or real_change(*a, **k))
+    # weight decay moves the weights even where a tiny random model earns no reward (all advantages 0)
+    arms = {"dense": {"algo": "grpo", "lr": 1e-2, "weight_decay": 0.5},
+            "moe": {"algo": "grpo", "lr": 1e-2, "weight_decay": 0.5, "moe": True}}
+    base = {**BASE, "num_minibatches": 2}
+    hooks_before = len(optim_module._global_optimizer_post_hooks)
+    (tmp_path / "probed").mkdir()
+    (tmp_path / "plain").mkdir()
+    probed = sweep.run_sweep(write_spec(tmp_path / "probed", seeds=[0], base=base, arms=arms,
+                                        update_probe={"prompts": 2, "samples": 2}), progress=False)
+    plain = sweep.run_sweep(write_spec(tmp_path / "plain", seeds=[0], base=base, arms=arms), progress=False)
+    assert len(optim_module._global_optimizer_post_hooks) == hooks_before
+    m, d = probed["arms"]["moe"]["metrics"], probed["arms"]["dense"]["metrics"]
+    assert len(calls) == 2 * 2 + 2  # one per update, plus one per step for the whole rollout
+    for key in ("update_routing_change", "update_routing_change_l1", "rollout_routing_change", "router_entropy",
+                "expert_load_max", "update_token_ratio_var"):
+        assert m[key]["step"] == [1, 2], key
+    assert all(0 <= v <= 1 for v in m["update_routing_change"]["mean"])
+    assert all(0.25 - 1e-6 <= v <= 1 for v in m["expert_load_max"]["mean"])  # >= 1 / 4 experts
+    assert "update_routing_change" not in d and min(d["update_token_ratio_var"]["mean"]) > 0
+    assert min(d["update_abs_log_ratio"]["mean"]) > 0 and "rollout_abs_log_ratio" in m
+    for arm in arms:  # the probe changed nothing the run computes
+        assert probed["arms"][arm]["metrics"]["score"] == plain["arms"][arm]["metrics"]["score"]
+        assert probed["arms"][arm]["metrics"]["loss"] == plain["arms"][arm]["metrics"]["loss"]
