@@ -31,7 +31,7 @@ from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
 from .moe import Routes, capture_router_logits, load_balancing_loss, record_routing, replay_routing, routers
-from .sampler import make_sampler, sync_sampler
+from .sampler import is_trainer, make_sampler, sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
@@ -229,10 +229,10 @@ def on_policy(cfg: RLConfig) -> bool:
     TRL does. Routing replay (which records or replays pi_old's experts), a KL penalty in the reward (which reads
     pi_old's log-probs before the update), pi_old="naive" (which takes them from the sampler) and a sampler that is
     not the trainer (whose gap to pi_old is measured every step) are not."""
-    sampler_is_trainer = cfg.sampler_dtype == "float32" and cfg.sampler_logit_noise == cfg.sampler_router_noise == 0
     return (cfg.num_iterations == 1 and cfg.num_minibatches == 1 and not cfg.routing_replay
             and not (cfg.beta > 0 and cfg.kl_placement == "reward") and cfg.pi_old == "recomputed"
-            and sampler_is_trainer)
+            and is_trainer(dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
+                           router_noise=cfg.sampler_router_noise))
 
 
 @torch.no_grad()
@@ -251,8 +251,7 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
     if r3:
         routes = batch.sampler_routes
     if cfg.pi_old == "naive":
-        old_logprobs = importance.choose_old_logprobs(None, zero_outside(batch.sampler_logprobs, mask),
-                                                      pi_old="naive")
+        old_logprobs = zero_outside(batch.sampler_logprobs, mask)
     elif not on_policy(cfg):
         if r3:
             context = replay_routing(model, routes)

@@ -27,6 +27,11 @@ from .moe import routers
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def is_trainer(*, dtype: str = "float32", logit_noise: float = 0.0, router_noise: float = 0.0) -> bool:
+    """Whether these sampler settings make no copy at all: the trainer samples for itself."""
+    return dtype == "float32" and logit_noise == 0 and router_noise == 0
+
+
 def make_sampler(model: torch.nn.Module, *, dtype: str = "float32", logit_noise: float = 0.0,
                  router_noise: float = 0.0, seed: int = 0) -> torch.nn.Module:
     """The model that samples: ``model`` itself when nothing differs, else a frozen copy in ``dtype`` with noise.
@@ -53,7 +58,7 @@ def make_sampler(model: torch.nn.Module, *, dtype: str = "float32", logit_noise:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if logit_noise < 0 or router_noise < 0:
         raise ValueError(f"logit_noise and router_noise must be >= 0, got {logit_noise} and {router_noise}")
-    if dtype == "float32" and logit_noise == 0 and router_noise == 0:
+    if is_trainer(dtype=dtype, logit_noise=logit_noise, router_noise=router_noise):
         return model
     sampler = copy.deepcopy(model).to(DTYPES[dtype]).eval().requires_grad_(False)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
