@@ -8,7 +8,8 @@ JSON file::
      "arms": {"k3 in loss": {"algo": "grpo", "kl_estimator": "k3", "kl_placement": "loss"},
               "k1 in reward": {"algo": "grpo", "kl_estimator": "k1", "kl_placement": "reward"}}}
 
-Every run starts from the same warm start (``warm_start(profile, seed=warm_start_seed, moe=moe)``), trains with
+Every run starts from the same warm start (``warm_start(profile, seed=warm_start_seed, moe=moe)``; an arm's
+``"model"`` key, e.g. ``{"num_layers": 8}``, changes the model's sizes and so the warm start), trains with
 ``make_config(**base, **arm, seed=seed)`` and evaluates on the first ``eval_prompts`` held-out prompts (the same
 prompts for every run, sampled with the run's seed: the step-0 row of a seed is the same evaluation of the same
 model in every arm). The results go beside the spec (or to ``--out``): ``runs/<arm slug>__s<seed>.jsonl`` (the run's
@@ -21,6 +22,7 @@ written only when its run has finished.
 from __future__ import annotations
 
 import copy
+import inspect
 import itertools
 import json
 import os
@@ -29,15 +31,15 @@ import re
 import statistics
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from tqdm import tqdm
 
-from . import moe, rl, rollout, tasks
-from .config import PROGRESS_INTERVAL, make_config, resolve_profile
+from . import models, moe, rl, rollout, tasks
+from .config import PROGRESS_INTERVAL, Profile, make_config, resolve_profile
 from .evaluation import fresh_sample_kl
 from .history import History
 from .plots import arm_color
@@ -65,12 +67,24 @@ class SweepSpec:
         """The RLConfig of one run (raises ValueError for an unknown field, as make_config does)."""
         overrides = {**self.base, **self.arms[arm]}
         overrides.pop("moe", None)
+        overrides.pop("model", None)
         algo = overrides.pop("algo", "grpo")
         return make_config(algo, **{**overrides, "seed": seed, "progress": False})
 
     def is_moe(self, arm: str) -> bool:
         """Whether the arm trains the MoE: the arm's own "moe" key, else the spec's (dense and MoE side by side)."""
         return bool(self.arms[arm].get("moe", self.moe))
+
+    def profile_of(self, arm: str) -> Profile:
+        """The profile of one arm: the spec's, with the arm's "model" key (e.g. ``{"num_layers": 8}`` or
+        ``{"num_experts": 16}``) over the model sizes, so a sweep can vary depth or expert count. A changed size is
+        a different warm start (its own SFT run and cache entry, made on first use)."""
+        profile = resolve_profile(self.profile)
+        sizes = self.arms[arm].get("model")
+        if not sizes:
+            return profile
+        kind = "moe" if self.is_moe(arm) else "dense"
+        return replace(profile, **{kind: {**getattr(profile, kind), **sizes}})
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -92,6 +106,12 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise ValueError(f"{path}: arm labels {list(spec.arms)} give file names {slugs}; they must differ")
     for arm in spec.arms:
         spec.config(arm, spec.seeds[0])
+        sizes = spec.arms[arm].get("model", {})
+        kind = "moe" if spec.is_moe(arm) else "dense"
+        accepted = inspect.signature(models.tiny_moe if kind == "moe" else models.tiny_dense).parameters.keys() - {"tokenizer", "seed"}
+        if not isinstance(sizes, dict) or set(sizes) - set(accepted):
+            raise ValueError(f"{path}: arm {arm!r}: model must map sizes of models.tiny_{kind} "
+                             f"({sorted(accepted)}) to values, got {sizes!r}")
     return spec
 
 
@@ -107,7 +127,7 @@ def run_file(out_dir: Path, arm: str, seed: int) -> Path:
 def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
     """Train one (arm, seed) run and write its History; returns its wall time in seconds."""
     t0 = time.time()
-    profile = resolve_profile(spec.profile)
+    profile = spec.profile_of(arm)
     model, tokenizer, _ = warm_start(profile, seed=spec.warm_start_seed, moe=spec.is_moe(arm), progress=False)
     test = tasks.load_split("test")
     eval_data = test.select(range(min(spec.eval_prompts, len(test))))
