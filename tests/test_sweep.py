@@ -84,10 +84,23 @@ def test_summary_is_the_statistics_over_seeds_of_the_stored_rows(tmp_path, tiny_
     ({"arms": {"GRPO": {"algo": "grpo"}, "grpo": {"algo": "grpo"}}}, "must differ"),
     ({"arms": {"//": {"algo": "grpo"}}}, "must differ"),
     ({"seed": [0]}, "needs name, arms and seeds"),
+    ({"arms": {"a": {"algo": "grpo", "model": {"num_layerz": 8}}}}, "model must map sizes"),
+    ({"arms": {"a": {"algo": "grpo", "model": {"num_experts": 16}}}}, "model must map sizes"),  # dense: no experts
 ])
 def test_a_bad_spec_fails_before_anything_runs(tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
         sweep.load_spec(write_spec(tmp_path, **bad))
+
+
+def test_an_arms_model_key_changes_the_model_sizes_and_nothing_else(tmp_path):
+    spec = sweep.load_spec(write_spec(tmp_path, moe=True, arms={
+        "deep": {"algo": "grpo", "model": {"num_layers": 8}}, "wide": {"algo": "grpo", "model": {"num_experts": 16}},
+        "plain": {"algo": "grpo"}}))
+    cpu = sweep.resolve_profile("cpu")
+    assert spec.profile_of("deep").moe == {**cpu.moe, "num_layers": 8}
+    assert spec.profile_of("wide").moe == {**cpu.moe, "num_experts": 16}
+    assert spec.profile_of("plain") == cpu and spec.profile_of("deep").dense == cpu.dense
+    assert spec.config("deep", 0) == spec.config("plain", 0)  # "model" is not an RLConfig field
 
 
 def test_plot_metric_draws_the_mean_and_a_min_max_band(tmp_path, tiny_warm_start):
