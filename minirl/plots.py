@@ -93,6 +93,11 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
            "token TIS, noise 1.0": "tab:blue", "token MIS, noise 1.0": "tab:green",
            "GRPO": "tab:blue", "GRPO + Routing Replay": "tab:purple", "GSPO": "tab:green", "GSPO-token": "tab:olive",
            "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink"}
+# notebook 08's MoE arms: the dense arms' colours, and the replay arms' own
+PALETTE.update({"naive, router noise 0.3": "lightcoral", "naive, router noise 1.0": "tab:red",
+                "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
+                "token MIS, router noise 1.0": "tab:green", "R2, router noise 1.0": "tab:purple",
+                "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive"})
 
 
 def arm_color(arm: str) -> str:
