@@ -1,5 +1,5 @@
 """The shape of the package a reader relies on (issue 11): copyable math modules, the reward as an argument in
-TRL's form, the three policy-loss functions behind the dispatcher, the README's example and paper index."""
+TRL's form, the three policy-loss functions behind the dispatcher, the README's example, paper index and glossary."""
 
 from __future__ import annotations
 
@@ -281,3 +281,45 @@ def test_reinforce_pp_needs_no_groups_and_the_presets_are_valid():
         c = config.make_config(algo)
         assert (c.advantage, c.adv_scale, c.beta) == (advantage, "none", 0.0)
     assert (config.make_config("rloo").agg, config.make_config("rloo").num_minibatches) == ("seq-mean-token-sum", 1)
+
+
+def test_every_logged_metric_is_in_the_readme_glossary():
+    """Short real runs that together log every key minirl writes into a History (PPO with its critic; SAPO on a MoE
+    with the load-balancing loss, a mismatched sampler with TIS and both sweep probes; DPO, IPO and KTO), each key
+    looked up in the README's "Glossary of logged metrics" (a per-layer key ``x_l3`` is documented as ``x_l{i}``)."""
+    from minirl import preference_data, sweep
+    from minirl import preference_loop as loop
+
+    tok, train, test = build_tokenizer(), tasks.load_split("train"), tasks.load_split("test").select(range(4))
+    logged = set()
+    mismatched_moe = dict(router_aux_loss_coef=0.01, sampler_router_noise=0.3, is_correction="token_tis")
+    for algo, moe, extra in [("ppo", False, {}), ("sapo", True, mismatched_moe)]:
+        model = (models.tiny_moe(tok, hidden_size=32, num_layers=1, num_heads=2, num_experts=4) if moe else
+                 models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64))
+        cfg = config.make_config(algo, steps=1, prompts_per_step=2, group_size=2, max_new_tokens=8, eval_every=1,
+                                 progress=False, **extra)
+        probes, hooks = [], []
+        if moe:
+            probes.append(sweep._kl_probe({"prompts": 2, "samples": 1, "every": 1}, model, tok, test, cfg))
+            callback, hook = sweep._update_probe({"prompts": 2, "samples": 1}, model, tok, test, cfg)
+            probes, hooks = [*probes, callback], [hook]
+        try:
+            history = rl.train_rl(model, tok, cfg, train, test,
+                                  callback=lambda s, r, probes=probes: [p(s, r) for p in probes])
+        finally:
+            for hook in hooks:
+                hook.remove()
+        logged |= {k for row in history.rows for k in row}
+    pairs = datasets.Dataset.from_dict({"prompt": ["3+4=", "8+1="], "chosen": ["3+4=7#7", "8+1=9#9"],
+                                        "rejected": ["3+4=8#8", "8+1=9#"]})
+    for method in ("dpo", "ipo", "kto"):
+        data = preference_data.pairs_to_examples(pairs) if method == "kto" else pairs
+        model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+        cfg = loop.PrefConfig(method=method, steps=1, batch_size=2, max_new_tokens=8, progress=False)
+        logged |= {k for row in loop.train_preference(model, tok, data, cfg, eval_data=test).rows for k in row}
+    text = (ROOT / "README.md").read_text()
+    glossary = text[text.index("## Glossary of logged metrics"):]
+    glossary = glossary[:glossary.index("\n## ", 1)]
+    documented = set(re.findall(r"`([a-z_0-9{}]+)`", glossary))
+    missing = {k for k in logged if re.sub(r"_l\d+$", "_l{i}", k) not in documented}
+    assert len(logged) > 80 and not missing, f"logged keys the README's glossary does not explain: {sorted(missing)}"
