@@ -605,7 +605,7 @@ _TRL_RLOO_KEYS = ("epsilon", "epsilon_high", "beta", "normalize_advantages", "ma
 _VERL_ALGO_PREFIXES = ("algorithm.", "actor_rollout_ref.actor.policy_loss", "actor_rollout_ref.actor.clip_ratio_",
                        "actor_rollout_ref.actor.tau_",
                        "actor_rollout_ref.actor.loss_", "actor_rollout_ref.actor.use_kl", "actor_rollout_ref.actor.kl_",
-                       "reward_model.")
+                       "reward.", "+reward.")
 
 
 def describe_trl(cfg: RLConfig) -> str:

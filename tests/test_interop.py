@@ -531,6 +531,10 @@ def test_engine_equivalents_name_every_preset_in_both_engines():
             (name, row["trl"])
         assert row["verl"].startswith(("algorithm.adv_estimator=", "not mapped to verl")), (name, row["verl"])
     assert table["grpo"]["trl"].startswith("GRPOConfig(loss_type='grpo'") and "not in TRL" in table["ppo"]["trl"]
+    # the short map keeps every algorithm-defining override to_verl writes, DAPO's overlong shaping included
+    dapo = set(interop.verl_overrides(make_config("dapo")))
+    assert {o for o in dapo if "reward" in o} <= set(table["dapo"]["verl"].split()), table["dapo"]["verl"]
+    assert "+reward.reward_kwargs.overlong_buffer_cfg.enable=True" in table["dapo"]["verl"].split()
 def test_every_grpoconfig_field_is_pinned_or_reviewed():
     """The installed TRL's GRPOConfig (TrainingArguments included) has no field that to_trl leaves to TRL's
     default without a reviewed reason: each is either set by trl_kwargs (what minirl computes) or listed in
