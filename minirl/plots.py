@@ -95,7 +95,7 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
            "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink",
            # 03: the KL estimators and their placements (the checksum gave three of these the same colour)
            "k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green",
-           "k1 in reward": "tab:blue", "k3 in loss": "tab:green", "k1 in loss": "tab:orange",
+           "k2 in reward": "tab:purple", "k2 in loss": "tab:olive", "k1 in reward": "tab:blue", "k3 in loss": "tab:green", "k1 in loss": "tab:orange",
            "k3 in reward": "tab:red", "no KL": "tab:gray",
            # 04: each DAPO switch alone on top of GRPO
            "+ clip-higher": "tab:orange", "GRPO + clip-higher": "tab:orange", "+ token-mean": "tab:olive",
