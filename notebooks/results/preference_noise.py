@@ -37,6 +37,7 @@ METHODS = {  # 06's NOISE_METHODS
 N_PROMPTS, GROUP_SIZE, MAX_NEW_TOKENS, EVAL_SIZE = 256, 8, 40, 256  # 06's cpu profile
 PAIRS_USED, BATCH, STEPS, LR, EVERY = 64, 16, 60, 1e-4, 10
 UNSEEN = 128  # pairs after the first 64, never trained on
+WEIGHTS: set[str] = set()  # sha256 of the warm start's weights, so a notebook can tell it starts from the same model
 
 
 @torch.no_grad()
@@ -65,7 +66,8 @@ def encode(tok, pairs):
 
 
 def run_seed(seed: int) -> list[dict]:
-    base, tok, _ = warm_start("cpu", seed=0, progress=False)
+    base, tok, info = warm_start("cpu", seed=0, progress=False)
+    WEIGHTS.add(info["sha256"]["model.safetensors"])
     heldout = tasks.load_split("test").select(range(EVAL_SIZE))
     pairs, _, _ = preference_data.sample_preference_data(base, tok, tasks.load_split("train"), n_prompts=N_PROMPTS,
                                                          group_size=GROUP_SIZE, max_new_tokens=MAX_NEW_TOKENS,
@@ -129,6 +131,7 @@ def main() -> None:
            "torch": torch.__version__, "seeds": list(SEEDS), "noises": list(NOISES),
            "settings": {"pairs": PAIRS_USED, "batch": BATCH, "steps": STEPS, "lr": LR, "unseen_pairs": UNSEEN,
                         "eval_prompts": EVAL_SIZE, "methods": METHODS, "warm_start": "cpu, seed 0"},
+           "warm_start_sha256": WEIGHTS.pop() if len(WEIGHTS) == 1 else None,
            "wall_seconds": round(time.time() - t0, 1), "summary": summary, "runs": runs}
     Path(__file__).with_suffix(".json").write_text(json.dumps(out, indent=1) + "\n")
 
