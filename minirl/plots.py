@@ -92,7 +92,18 @@ def source(fn) -> str:
 PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed, noise 1.0": "tab:orange",
            "token TIS, noise 1.0": "tab:blue", "token MIS, noise 1.0": "tab:green",
            "GRPO": "tab:blue", "GRPO + Routing Replay": "tab:purple", "GSPO": "tab:green", "GSPO-token": "tab:olive",
-           "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink"}
+           "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink",
+           # 03: the KL estimators and their placements (the checksum gave three of these the same colour)
+           "k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green",
+           "k2 in reward": "tab:purple", "k2 in loss": "tab:olive", "k1 in reward": "tab:blue", "k3 in loss": "tab:green", "k1 in loss": "tab:orange",
+           "k3 in reward": "tab:red", "no KL": "tab:gray",
+           # 04: each DAPO switch alone on top of GRPO
+           "+ clip-higher": "tab:orange", "GRPO + clip-higher": "tab:orange", "+ token-mean": "tab:olive",
+           "+ overlong shaping": "tab:brown", "+ overlong filter": "tab:pink", "+ dynamic sampling": "tab:cyan",
+           "Dr. GRPO": "tab:purple", "CISPO two-sided": "tab:olive",
+           # 06 and 07
+           "DPO": "tab:blue", "cDPO": "tab:cyan", "IPO": "tab:green", "KTO": "tab:orange", "SimPO": "tab:red",
+           "minirl": "tab:blue", "TRL": "tab:orange"}
 # notebook 08's MoE arms: the dense arms' colours, and the replay arms' own
 PALETTE.update({"naive, router noise 0.3": "lightcoral", "naive, router noise 1.0": "tab:red",
                 "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
