@@ -95,20 +95,20 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
            "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink",
            # 03: the KL estimators and their placements (the checksum gave three of these the same colour)
            "k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green",
-           "k2 in reward": "tab:purple", "k2 in loss": "tab:olive", "k1 in reward": "tab:blue", "k3 in loss": "tab:green", "k1 in loss": "tab:orange",
-           "k3 in reward": "tab:red", "no KL": "tab:gray",
+           "k1 in reward": "tab:blue", "k1 in loss": "tab:orange", "k2 in reward": "tab:purple",
+           "k2 in loss": "tab:olive", "k3 in reward": "tab:red", "k3 in loss": "tab:green", "no KL": "tab:gray",
            # 04: each DAPO switch alone on top of GRPO
            "+ clip-higher": "tab:orange", "GRPO + clip-higher": "tab:orange", "+ token-mean": "tab:olive",
            "+ overlong shaping": "tab:brown", "+ overlong filter": "tab:pink", "+ dynamic sampling": "tab:cyan",
            "Dr. GRPO": "tab:purple", "CISPO two-sided": "tab:olive",
            # 06 and 07
            "DPO": "tab:blue", "cDPO": "tab:cyan", "IPO": "tab:green", "KTO": "tab:orange", "SimPO": "tab:red",
-           "minirl": "tab:blue", "TRL": "tab:orange"}
-# notebook 08's MoE arms: the dense arms' colours, and the replay arms' own
-PALETTE.update({"naive, router noise 0.3": "lightcoral", "naive, router noise 1.0": "tab:red",
-                "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
-                "token MIS, router noise 1.0": "tab:green", "R2, router noise 1.0": "tab:purple",
-                "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive"})
+           "minirl": "tab:blue", "TRL": "tab:orange",
+           # 08's MoE arms: the dense arms' colours, and the replay arms' own
+           "naive, router noise 0.3": "lightcoral", "naive, router noise 1.0": "tab:red",
+           "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
+           "token MIS, router noise 1.0": "tab:green", "R2, router noise 1.0": "tab:purple",
+           "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive"}
 
 
 def arm_color(arm: str) -> str:

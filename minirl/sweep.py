@@ -78,13 +78,20 @@ class SweepSpec:
     def profile_of(self, arm: str) -> Profile:
         """The profile of one arm: the spec's, with the arm's "model" key (e.g. ``{"num_layers": 8}`` or
         ``{"num_experts": 16}``) over the model sizes, so a sweep can vary depth or expert count. A changed size is
-        a different warm start (its own SFT run and cache entry, made on first use)."""
+        a different warm start (its own SFT run and cache entry, made on first use).
+
+        Raises:
+            ValueError: when "model" is not a dict of sizes that ``models.tiny_moe`` (or ``tiny_dense``) takes.
+        """
         profile = resolve_profile(self.profile)
-        sizes = self.arms[arm].get("model")
-        if not sizes:
-            return profile
+        sizes = self.arms[arm].get("model", {})
         kind = "moe" if self.is_moe(arm) else "dense"
-        return replace(profile, **{kind: {**getattr(profile, kind), **sizes}})
+        builder = models.tiny_moe if kind == "moe" else models.tiny_dense
+        accepted = inspect.signature(builder).parameters.keys() - {"tokenizer", "seed"}
+        if not isinstance(sizes, dict) or set(sizes) - accepted:
+            raise ValueError(f"arm {arm!r}: model must map sizes of models.tiny_{kind} ({sorted(accepted)}) to "
+                             f"values, got {sizes!r}")
+        return replace(profile, **{kind: {**getattr(profile, kind), **sizes}}) if sizes else profile
 
 
 def load_spec(path: str | Path) -> SweepSpec:
@@ -106,12 +113,7 @@ def load_spec(path: str | Path) -> SweepSpec:
         raise ValueError(f"{path}: arm labels {list(spec.arms)} give file names {slugs}; they must differ")
     for arm in spec.arms:
         spec.config(arm, spec.seeds[0])
-        sizes = spec.arms[arm].get("model", {})
-        kind = "moe" if spec.is_moe(arm) else "dense"
-        accepted = inspect.signature(models.tiny_moe if kind == "moe" else models.tiny_dense).parameters.keys() - {"tokenizer", "seed"}
-        if not isinstance(sizes, dict) or set(sizes) - set(accepted):
-            raise ValueError(f"{path}: arm {arm!r}: model must map sizes of models.tiny_{kind} "
-                             f"({sorted(accepted)}) to values, got {sizes!r}")
+        spec.profile_of(arm)
     return spec
 
 
