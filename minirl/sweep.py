@@ -130,7 +130,7 @@ def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
     """Train one (arm, seed) run and write its History; returns its wall time in seconds."""
     t0 = time.time()
     profile = spec.profile_of(arm)
-    model, tokenizer, _ = warm_start(profile, seed=spec.warm_start_seed, moe=spec.is_moe(arm), progress=False)
+    model, tokenizer, info = warm_start(profile, seed=spec.warm_start_seed, moe=spec.is_moe(arm), progress=False)
     test = tasks.load_split("test")
     eval_data = test.select(range(min(spec.eval_prompts, len(test))))
     cfg = spec.config(arm, seed)
@@ -151,8 +151,10 @@ def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
     partial = path.with_suffix(".partial")
     history.to_jsonl(partial)
     seconds = round(time.time() - t0, 1)
+    weights = (info.get("sha256") or {}).get("model.safetensors")  # which start: notebooks compare only like with like
     path.with_suffix(".meta.json").write_text(json.dumps({"seconds": seconds, "commit": _commit(),
-                                                          "threads": torch.get_num_threads()}) + "\n")
+                                                          "threads": torch.get_num_threads(),
+                                                          "warm_start_sha256": weights}) + "\n")
     partial.replace(path)  # only a finished run gets its final name: a resumed sweep skips it
     return seconds
 
@@ -257,9 +259,13 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path | None = None, progress
     for arm, seed in bar:
         bar.set_postfix_str(f"{arm}, seed {seed}")
         run_one(spec, arm, seed, out)
-    seconds = {f"{slug(a)}__s{s}": json.loads(run_file(out, a, s).with_suffix(".meta.json").read_text())["seconds"]
-               for a in spec.arms for s in spec.seeds}
+    metas = {f"{slug(a)}__s{s}": json.loads(run_file(out, a, s).with_suffix(".meta.json").read_text())
+             for a in spec.arms for s in spec.seeds}
+    seconds = {name: meta["seconds"] for name, meta in metas.items()}
+    starts = {meta.get("warm_start_sha256") for meta in metas.values()}
     summary = summarize(spec, out)
+    # One warm start for every run, or None (arms with their own model sizes, or runs stored before this was kept).
+    summary["warm_start_sha256"] = starts.pop() if len(starts) == 1 else None
     summary.update(command=_command(spec_path, out_dir), commit=_commit(), dirty=_dirty(), run_seconds=seconds,
                    wall_seconds=round(sum(seconds.values()), 1), threads=torch.get_num_threads(),
                    machine=f"{platform.machine()}, {os.cpu_count()} cores", torch=torch.__version__)

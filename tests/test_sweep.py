@@ -21,7 +21,7 @@ def tiny_warm_start(monkeypatch):
     def fake_warm_start(profile, seed=0, moe=False, progress=True):
         tok = build_tokenizer()
         return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                                 seed=seed), tok, {}
+                                 seed=seed), tok, {"sha256": {"model.safetensors": "ab12"}}
 
     real_train = sweep.rl.train_rl
 
@@ -51,6 +51,7 @@ def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start
     assert summary["command"] == f"python -m minirl sweep {path}" and len(summary["commit"]) >= 7
     assert set(summary["run_seconds"]) == {"grpo__s0", "grpo__s1", "dr_grpo__s0", "dr_grpo__s1"}
     assert json.loads((tmp_path / "summary.json").read_text())["arms"].keys() == {"grpo", "dr grpo"}
+    assert summary["warm_start_sha256"] == "ab12"  # every run names the start it trained from
     # a second call finds every run stored: nothing is trained again
     sweep.run_sweep(path, progress=False)
     assert len(tiny_warm_start) == 4
@@ -58,6 +59,10 @@ def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start
     (tmp_path / "runs" / "grpo__s1.jsonl").unlink()
     sweep.run_sweep(path, progress=False)
     assert tiny_warm_start[4:] == [1]
+    # runs from two different starts: the summary names none of them rather than one
+    meta = tmp_path / "runs" / "grpo__s0.meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "warm_start_sha256": "cd34"}))
+    assert sweep.run_sweep(path, progress=False)["warm_start_sha256"] is None
 
 
 def test_summary_is_the_statistics_over_seeds_of_the_stored_rows(tmp_path, tiny_warm_start):
