@@ -69,18 +69,23 @@ def _simulated_sampler(cfg: RLConfig) -> None:
                        "keep the importance correction (is_correction) and drop the dials")
 
 
-def _layout(cfg: RLConfig) -> dict:
-    """Rows per generation, per optimiser step and per forward of one rollout (single process)."""
+def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:
+    """Rows per generation, per optimiser step and per forward of one rollout, and per device of each forward."""
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive int (the launch's GPU count), got {num_processes!r}")
     rows = cfg.prompts_per_step * cfg.group_size  # B of one rollout
     minibatch = rows // cfg.num_minibatches  # rows per optimiser step
     micro = cfg.micro_batch_size or minibatch
     if minibatch % micro:
         raise ValueError(f"micro_batch_size={micro} must divide the minibatch of {minibatch} rows for TRL's "
                          f"gradient accumulation")
-    return {"rows": rows, "minibatch": minibatch, "micro": micro, "accumulation": minibatch // micro}
+    if micro % num_processes:
+        raise ValueError(f"num_processes={num_processes} must divide the micro-batch of {micro} rows (one share each)")
+    return {"rows": rows, "minibatch": minibatch, "micro": micro, "accumulation": minibatch // micro,
+            "per_device": micro // num_processes}
 
 
-def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict:
+def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_processes: int = 1) -> dict:
     """The keyword arguments of ``trl.GRPOConfig`` (TRL 1.16) that run ``cfg``; TRL itself is not imported.
 
     Every GRPOConfig field that changes the loss, advantages, sampling or batch layout is stated, whatever TRL's
@@ -96,9 +101,10 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
     over gradient accumulation, as minirl's ``rl.router_aux_term``). One rollout is
     ``prompts_per_step * group_size`` rows split into num_minibatches
     optimiser steps (steps_per_generation = num_minibatches x accumulation, per_device_train_batch_size = the
-    micro-batch), repeated num_iterations times; max_steps counts optimiser steps. The lr is constant (TRL's
-    default schedule decays linearly), the optimiser plain torch AdamW, the weights float32 (bf16=False: TRL's
-    default is bf16; pass bf16=True to ``to_trl`` for a real run on GPUs).
+    micro-batch / num_processes: per_device_train_batch_size x num_processes x steps_per_generation is one rollout),
+    repeated num_iterations times; max_steps counts optimiser steps. The lr is constant (TRL's default schedule
+    decays linearly), the optimiser plain torch AdamW, the weights float32 (bf16=False: TRL's default is bf16; pass
+    bf16=True to ``to_trl`` for a real run on GPUs).
 
     loss_mode "cispo" -> loss_type "cispo" with epsilon_high = 1 + eps_high (TRL's cap is absolute; one-sided form
     and token-mean only); "sapo" -> loss_type "sapo" with sapo_temperature_pos / _neg = tau_pos / tau_neg
@@ -119,6 +125,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         cfg: an RLConfig (``make_config(algo, ...)``).
         without: switches of ``DROPPABLE`` to leave out knowingly: "dynamic_sampling" (TRL has none) and
             "overlong_shaping" (TRL puts it in the rewards: add ``trl_reward_funcs(cfg, reward_fn)``).
+        num_processes: the launch's GPUs (``accelerate launch --num_processes``), as TRL's batch is per device: 64
+            prompts x 16 in 2 minibatches on 8 GPUs -> 512 / 8 = 64 rows per device, 64 x 8 x 2 = 1024 = a rollout.
 
     Returns:
         dict of GRPOConfig keyword arguments.
@@ -131,8 +139,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
             aggregation, dual_clip <= 1 + eps_high, two-sided CISPO, CISPO other than token-mean, SAPO other
             than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline, pi_old="naive",
             is_seq_form="geomean" with a sequence correction.
-        ValueError: for an invalid config, a name in ``without`` that is not droppable, or a micro-batch that does
-            not divide the minibatch.
+        ValueError: for an invalid config, a name in ``without`` that is not droppable, a micro-batch that does
+            not divide the minibatch, or num_processes that is not a positive int dividing the micro-batch.
 
     Source: TRL 1.16 ``trl/trainer/grpo_config.py`` and ``GRPOTrainer._compute_loss``.
     """
@@ -189,7 +197,7 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = ()) -> dict
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg), **{**_TRL_FIXED, **_trl_importance(cfg)})
+        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg)})
 
 
 #: minirl RLConfig.is_correction -> TRL 1.16's vllm_importance_sampling_mode.
@@ -213,15 +221,15 @@ def _trl_importance(cfg: RLConfig) -> dict:
                 vllm_importance_sampling_clip_max=cfg.is_cap, vllm_importance_sampling_clip_min=cfg.is_cap_low)
 
 
-def _trl_common(cfg: RLConfig) -> dict:
+def _trl_common(cfg: RLConfig, num_processes: int = 1) -> dict:
     """Sampling, batch layout and optimiser arguments, the same in GRPOConfig and RLOOConfig."""
-    lay = _layout(cfg)
+    lay = _layout(cfg, num_processes)
     return dict(
         # sampling
         num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
         top_k=0, top_p=1.0,
-        # batch layout: one rollout = steps_per_generation forwards of per_device_train_batch_size rows
-        per_device_train_batch_size=lay["micro"], gradient_accumulation_steps=lay["accumulation"],
+        # batch layout: one rollout = steps_per_generation forwards of per_device_train_batch_size rows per device
+        per_device_train_batch_size=lay["per_device"], gradient_accumulation_steps=lay["accumulation"],
         steps_per_generation=cfg.num_minibatches * lay["accumulation"], num_iterations=cfg.num_iterations,
         max_steps=cfg.steps * cfg.num_iterations * cfg.num_minibatches,
         # optimiser
@@ -233,13 +241,14 @@ def _trl_common(cfg: RLConfig) -> dict:
     )
 
 
-def rloo_trl_kwargs(cfg: RLConfig) -> dict:
+def rloo_trl_kwargs(cfg: RLConfig, *, num_processes: int = 1) -> dict:
     """The keyword arguments of ``trl.RLOOConfig`` (TRL 1.16) for an RLConfig with advantage="rloo".
 
     RLOOTrainer computes the same leave-one-out advantages (normalize_advantages=False) but clips one ratio per
     sequence, exp(sum_t log-ratio_t), and averages over sequences. minirl has no such ratio; the gradients agree
     on-policy, where every ratio is 1: -1/B sum_i A_i grad sum_t log pi_t, minirl's agg="seq-mean-token-sum" at
     level "token" (the values differ: TRL's -mean A_i, minirl's -1/B sum_i A_i T_i; tested). Only this maps.
+    ``num_processes`` splits each forward over the launch's devices, as in ``trl_kwargs``.
 
     Raises:
         NotImplementedError: naming what RLOOTrainer lacks or does differently: num_iterations or num_minibatches
@@ -265,7 +274,7 @@ def rloo_trl_kwargs(cfg: RLConfig) -> dict:
         if getattr(cfg, switch):
             raise _missing(switch, "not an RLOOTrainer option")
     return dict(epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, beta=0.0, normalize_advantages=False,
-                mask_truncated_completions=cfg.overlong_filter, **_trl_common(cfg),
+                mask_truncated_completions=cfg.overlong_filter, **_trl_common(cfg, num_processes),
                 **{k: v for k, v in _TRL_FIXED.items() if k not in _GRPO_ONLY})
 #: GRPOConfig fields (TRL 1.16) that change what a preset computes, pinned to what minirl's loop does.
 _TRL_FIXED = dict(
@@ -398,7 +407,8 @@ def pref_trl_kwargs(cfg: PrefConfig) -> tuple[str, dict]:
                               cpo_alpha=0.0, **common)
 
 
-def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = (), **trl_args):
+def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = (), *, num_processes: int = 1,
+           **trl_args):
     """TRL's config object that runs ``cfg``: a ``trl.GRPOConfig`` for an RLConfig (grpo, dr_grpo, dapo, gspo,
     gspo_token, cispo, sapo and any config whose switches TRL supports; ``trl.experimental.gmpo.GMPOConfig`` for
     gmpo, run by its GMPOTrainer; a ``trl.RLOOConfig`` for advantage="rloo", ``rloo_trl_kwargs``), a
@@ -411,6 +421,7 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
     Args:
         cfg: an RLConfig or a PrefConfig.
         without: RLConfig switches to leave out knowingly (see ``trl_kwargs``); not for a PrefConfig.
+        num_processes: the launch's processes (GPUs), which share each forward (see ``trl_kwargs``); RLConfig only.
         trl_args: further TRL arguments (output_dir, report_to, logging_steps, bf16, use_vllm, ...), which override
             the mapped ones.
 
@@ -428,17 +439,17 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
             raise ValueError("without= does not apply to RLOOConfig")
         from trl import RLOOConfig
 
-        return RLOOConfig(**{**rloo_trl_kwargs(cfg), **trl_args})
+        return RLOOConfig(**{**rloo_trl_kwargs(cfg, num_processes=num_processes), **trl_args})
     if isinstance(cfg, RLConfig):
         if cfg.loss_mode == "gmpo":
             from trl.experimental.gmpo import GMPOConfig as Config  # trainer: trl.experimental.gmpo.GMPOTrainer
         else:
             from trl import GRPOConfig as Config
 
-        return Config(**{**trl_kwargs(cfg, without), **trl_args})
+        return Config(**{**trl_kwargs(cfg, without, num_processes=num_processes), **trl_args})
     if isinstance(cfg, PrefConfig):
-        if without:
-            raise ValueError("without= applies to an RLConfig only")
+        if without or num_processes != 1:
+            raise ValueError("without= and num_processes= apply to an RLConfig only")
         trainer, kwargs = pref_trl_kwargs(cfg)
         if trainer == "CPOTrainer":
             from trl.experimental.cpo import CPOConfig as Config

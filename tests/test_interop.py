@@ -521,6 +521,30 @@ def test_presets_map_to_the_documented_trl_settings():
     assert (g["per_device_train_batch_size"], g["steps_per_generation"], g["max_steps"]) == (32, 2, 120)
 
 
+def test_batch_layout_splits_each_forward_over_the_launchs_processes():
+    """TRL's batch is per device: per_device_train_batch_size x num_processes x steps_per_generation must be one
+    rollout (GRPOConfig's generation_batch_size), and x gradient_accumulation_steps one minibatch, on any GPU count."""
+    def layout(cfg, n):
+        kw = interop.trl_kwargs(cfg, num_processes=n)
+        return kw["per_device_train_batch_size"], kw["steps_per_generation"], kw["gradient_accumulation_steps"]
+
+    grpo = make_config("grpo")  # 8 prompts x 8 = 64 rows, 2 minibatches of 32
+    assert layout(grpo, 1) == (32, 2, 1)  # 32 x 1 x 2 = 64
+    assert layout(grpo, 2) == (16, 2, 1)  # 16 x 2 x 2 = 64
+    # micro-batches of 8 rows: 4 forwards per optimiser step, each shared by 2 devices: 4 x 2 x (2 x 4) = 64 rows
+    assert layout(make_config("grpo", micro_batch_size=8), 2) == (4, 8, 4)  # per step 4 x 2 x 4 = 32 rows
+    # notebook 07's real run: 64 prompts x 16 = 1024 rows, 2 minibatches, 8 GPUs: 64 x 8 x 2 = 1024
+    real = make_config("grpo", prompts_per_step=64, group_size=16)
+    assert layout(real, 8) == (64, 2, 1)
+    assert interop.to_trl(real, output_dir="unused", num_processes=8).per_device_train_batch_size == 64
+    assert interop.rloo_trl_kwargs(make_config("rloo"), num_processes=4)["per_device_train_batch_size"] == 16  # 64/4
+    for n in (3, 0, 2.0):  # 3 does not divide 32 rows; 0 and a float are not a process count
+        with pytest.raises(ValueError, match="num_processes"):
+            interop.trl_kwargs(grpo, num_processes=n)
+    with pytest.raises(ValueError, match="num_processes"):
+        interop.to_trl(PrefConfig(method="dpo"), output_dir="unused", num_processes=2)
+
+
 def test_engine_equivalents_name_every_preset_in_both_engines():
     """One entry per preset; each is the mapped setting or the engine's refusal (a reason, never a silent gap)."""
     table = interop.engine_equivalents()
