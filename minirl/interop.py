@@ -467,13 +467,14 @@ _VERL_ESTIMATOR = {"gae": "gae", "group": "grpo", "rloo": "rloo", "reinforce_pp"
                    "reinforce_pp_baseline": "reinforce_plus_plus_baseline"}
 
 
-def verl_overrides(cfg: RLConfig) -> list[str]:
+def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     """verl 0.9.1 command-line overrides (Hydra ``key=value``) for an RLConfig, one string each.
 
     Entry point: ``python -m verl.trainer.main_ppo`` for every preset (in 0.9 dynamic sampling is the main
     trainer's ``algorithm.filter_groups`` and the overlong buffer the DAPO reward manager's ``reward.reward_kwargs``,
     keys that the default config lacks, hence Hydra's ``+``). Batch sizes are in prompts, as verl counts them
-    (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step).
+    (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step); ``num_processes`` GPUs of one node (as in ``trl_kwargs``)
+    share each micro-batch: ``ppo_micro_batch_size_per_gpu`` = micro-batch / num_processes rows (else ValueError).
 
     Differences verl's options cannot express, left as they are (say so when comparing runs): the group std is
     divided with eps 1e-6 (minirl 1e-4); verl's k3 ("low_var_kl") output is clamped to [-10, 10]; its GSPO
@@ -522,7 +523,7 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
         cfg.loss_mode, "vanilla" if cfg.level == "token" else "gspo")
     # verl's cispo is two-sided clip(r, 1 - low, 1 + high): the one-sided cap min(r, 1 + high) is low = 1 (r >= 0)
     clip_low = 1.0 if cfg.loss_mode == "cispo" and cfg.cispo_form == "one-sided" else cfg.eps_low
-    lay = _layout(cfg)
+    lay = _layout(cfg, num_processes)  # verl's micro-batch is per GPU, like TRL's per-device batch
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     out = [f"algorithm.adv_estimator={_VERL_ESTIMATOR[cfg.advantage]}"]
     if cfg.advantage == "group":
@@ -535,7 +536,8 @@ def verl_overrides(cfg: RLConfig) -> list[str]:
     out += [f"data.train_batch_size={cfg.prompts_per_step}", f"{r}.n={cfg.group_size}",
             f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}", f"{r}.top_k=-1",
             f"{r}.top_p=1.0", f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
-            f"{a}.ppo_micro_batch_size_per_gpu={lay['micro']}", f"{a}.ppo_epochs={cfg.num_iterations}",
+            f"{a}.ppo_micro_batch_size_per_gpu={lay['per_device']}", f"trainer.n_gpus_per_node={num_processes}",
+            f"{a}.ppo_epochs={cfg.num_iterations}",
             f"{a}.optim.lr={cfg.lr}", f"{a}.optim.weight_decay={cfg.weight_decay}",
             f"{a}.optim.clip_grad={cfg.max_grad_norm}",
             f"{a}.policy_loss.loss_mode={loss_mode}",

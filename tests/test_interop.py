@@ -543,6 +543,13 @@ def test_batch_layout_splits_each_forward_over_the_launchs_processes():
             interop.trl_kwargs(grpo, num_processes=n)
     with pytest.raises(ValueError, match="num_processes"):
         interop.to_trl(PrefConfig(method="dpo"), output_dir="unused", num_processes=2)
+    # verl's micro-batch is per GPU too: the same 512-row minibatch on 8 GPUs is 64 rows each (verl asserts that
+    # the per-GPU micro-batch divides the per-GPU minibatch, 32 prompts x 16 / 8 GPUs = 64 rows)
+    verl = interop.verl_overrides(real, num_processes=8)
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64" in verl and "trainer.n_gpus_per_node=8" in verl
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in interop.verl_overrides(grpo)  # 1 GPU
+    with pytest.raises(ValueError, match="num_processes"):
+        interop.verl_overrides(grpo, num_processes=3)
 
 
 def test_engine_equivalents_name_every_preset_in_both_engines():
@@ -592,6 +599,7 @@ def test_pinned_fields_reach_grpoconfig(tmp_path):
 #: are read by verl/experimental/reward_loop/reward_manager/dapo.py (config.reward.reward_kwargs) and absent from
 #: the default config (Hydra's "+" adds them).
 VERL_091_KEYS = {
+    "trainer.n_gpus_per_node",
     "algorithm.adv_estimator", "algorithm.norm_adv_by_std_in_grpo", "algorithm.gamma", "algorithm.lam",
     "algorithm.use_kl_in_reward", "algorithm.kl_penalty", "algorithm.kl_ctrl.kl_coef", "algorithm.kl_ctrl.type",
     "algorithm.kl_ctrl.target_kl", "algorithm.kl_ctrl.horizon", "critic.optim.lr", "critic.cliprange_value",
