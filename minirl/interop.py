@@ -473,8 +473,8 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     Entry point: ``python -m verl.trainer.main_ppo`` for every preset (in 0.9 dynamic sampling is the main
     trainer's ``algorithm.filter_groups`` and the overlong buffer the DAPO reward manager's ``reward.reward_kwargs``,
     keys that the default config lacks, hence Hydra's ``+``). Batch sizes are in prompts, as verl counts them
-    (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step); ``num_processes`` GPUs of one node (as in ``trl_kwargs``)
-    share each micro-batch: ``ppo_micro_batch_size_per_gpu`` = micro-batch / num_processes rows (else ValueError).
+    (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step); ``num_processes`` GPUs of one node share
+    each micro-batch, as in ``trl_kwargs``: ``ppo_micro_batch_size_per_gpu`` = micro-batch / num_processes rows.
 
     Differences verl's options cannot express, left as they are (say so when comparing runs): the group std is
     divided with eps 1e-6 (minirl 1e-4); verl's k3 ("low_var_kl") output is clamped to [-10, 10]; its GSPO
