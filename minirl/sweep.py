@@ -126,6 +126,18 @@ def run_file(out_dir: Path, arm: str, seed: int) -> Path:
     return out_dir / "runs" / f"{slug(arm)}__s{seed}.jsonl"
 
 
+def start_weights(info: dict) -> str | None:
+    """The sha256 of a warm start's weights, from the info ``warm_start`` returns (None where it names none)."""
+    return (info.get("sha256") or {}).get("model.safetensors")
+
+
+def same_start(summary: dict, info: dict) -> bool:
+    """True when every run of a stored sweep started from the warm start ``info`` describes: only then may a
+    notebook compare a live run's values with the sweep's (another start is another model)."""
+    weights = start_weights(info)
+    return weights is not None and summary.get("warm_start_sha256") == weights
+
+
 def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
     """Train one (arm, seed) run and write its History; returns its wall time in seconds."""
     t0 = time.time()
@@ -151,10 +163,9 @@ def run_one(spec: SweepSpec, arm: str, seed: int, out_dir: Path) -> float:
     partial = path.with_suffix(".partial")
     history.to_jsonl(partial)
     seconds = round(time.time() - t0, 1)
-    weights = (info.get("sha256") or {}).get("model.safetensors")  # which start: notebooks compare only like with like
     path.with_suffix(".meta.json").write_text(json.dumps({"seconds": seconds, "commit": _commit(),
                                                           "threads": torch.get_num_threads(),
-                                                          "warm_start_sha256": weights}) + "\n")
+                                                          "warm_start_sha256": start_weights(info)}) + "\n")
     partial.replace(path)  # only a finished run gets its final name: a resumed sweep skips it
     return seconds
 

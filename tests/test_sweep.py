@@ -52,6 +52,9 @@ def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start
     assert set(summary["run_seconds"]) == {"grpo__s0", "grpo__s1", "dr_grpo__s0", "dr_grpo__s1"}
     assert json.loads((tmp_path / "summary.json").read_text())["arms"].keys() == {"grpo", "dr grpo"}
     assert summary["warm_start_sha256"] == "ab12"  # every run names the start it trained from
+    assert sweep.same_start(summary, {"sha256": {"model.safetensors": "ab12"}})
+    assert not sweep.same_start(summary, {"sha256": {"model.safetensors": "ff00"}})  # another start
+    assert not sweep.same_start(summary, {})  # a start that names no weights is never "the same"
     # a second call finds every run stored: nothing is trained again
     sweep.run_sweep(path, progress=False)
     assert len(tiny_warm_start) == 4
@@ -62,7 +65,8 @@ def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start
     # runs from two different starts: the summary names none of them rather than one
     meta = tmp_path / "runs" / "grpo__s0.meta.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "warm_start_sha256": "cd34"}))
-    assert sweep.run_sweep(path, progress=False)["warm_start_sha256"] is None
+    mixed = sweep.run_sweep(path, progress=False)
+    assert mixed["warm_start_sha256"] is None and not sweep.same_start(mixed, {"sha256": {"model.safetensors": "ab12"}})
 
 
 def test_summary_is_the_statistics_over_seeds_of_the_stored_rows(tmp_path, tiny_warm_start):
