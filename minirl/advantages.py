@@ -48,13 +48,10 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
     (Dr. GRPO, "Understanding R1-Zero-Like Training"), eq. 3 and section 3.1; unscored rows: TRL 1.16
     ``GRPOTrainer._generate_and_score_completions`` (nanmean, nanstd, advantage 0).
     """
-    ndim("rewards", rewards, 1, "(B,)")
+    _no_inf(rewards)
     choice("advantage scale", scale, SCALES)
     if group_size < 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards has {rewards.numel()} entries, not a multiple of group_size={group_size}")
-    if torch.isinf(rewards).any():
-        raise ValueError(f"rewards must be finite (NaN marks an unscored row), got inf at row "
-                         f"{int(torch.isinf(rewards).nonzero()[0])}")
     r = rewards.float().view(-1, group_size)  # (num_groups, G)
     scored = ~torch.isnan(r)  # (num_groups, G)
     n = scored.sum(dim=1, keepdim=True)  # scored rows per group
@@ -74,13 +71,13 @@ def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", 
     return centred.view(-1)
 
 
-def _finite_rewards(rewards: Tensor) -> None:
+def _no_inf(rewards: Tensor) -> Tensor:
+    """Check (B,) rewards (NaN marks an unscored row, inf is an error); return the mask of scored rows."""
     ndim("rewards", rewards, 1, "(B,)")
-    if not torch.isfinite(rewards).all():
-        bad = int((~torch.isfinite(rewards)).nonzero()[0])
-        raise ValueError(f"rewards must be finite; entry {bad} is {rewards[bad].item()} (NaN is a row no reward "
-                         f"function scored: group_advantages leaves such rows out, RLOO and REINFORCE++ do not "
-                         f"support them yet)")
+    if torch.isinf(rewards).any():
+        raise ValueError(f"rewards must be finite (NaN marks an unscored row), got inf at row "
+                         f"{int(torch.isinf(rewards).nonzero()[0])}")
+    return ~torch.isnan(rewards)
 
 
 def _groups(rewards: Tensor, group_size: int, who: str) -> None:
@@ -99,27 +96,33 @@ def rloo_advantages(rewards: Tensor, *, group_size: int) -> Tensor:
     includes r_i itself, which shrinks the expected gradient by (G-1)/G (notebook 01_policy_gradient enumerates
     it). No std division. A group whose rewards are all equal gets exactly 0.
 
+    NaN marks an unscored row (every reward function returned None): as TRL 1.16's RLOOTrainer, it is left out of
+    its siblings' baselines and gets advantage 0; with n scored rows in a group, A_i = n/(n-1) (r_i - their mean),
+    and a group with fewer than two scored rows gets 0.
+
     Example: rewards [1, 0, 0, 0], G = 4: A_0 = 1 - (0+0+0)/3 = 1; A_1 = 0 - (1+0+0)/3 = -1/3;
-    A = [1, -1/3, -1/3, -1/3] (= 4/3 * [0.75, -0.25, -0.25, -0.25]).
+    A = [1, -1/3, -1/3, -1/3] (= 4/3 * [0.75, -0.25, -0.25, -0.25]). With [1, 0, NaN, 0]: A_0 = 1 - (0+0)/2 = 1,
+    A_1 = 0 - (1+0)/2 = -1/2; A = [1, -1/2, 0, -1/2].
 
     Args:
-        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt).
+        rewards: (B,) scalar rewards, laid out group by group (rows i*G .. i*G+G-1 share a prompt); NaN = unscored.
         group_size: G >= 2.
 
     Returns:
         (B,) advantages, float, in reward units; they sum to 0 within each group.
 
     Raises:
-        ValueError: if rewards is not 1-D or not finite, group_size < 2, or B is not a multiple of group_size.
+        ValueError: if rewards is not 1-D or holds inf, group_size < 2, or B is not a multiple of group_size.
 
     Source: Kool, van Hoof & Welling 2019, "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (the leave-one-out
     baseline); Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization" (RLOO for LLMs,
     arXiv 2402.14740), section 3.
     """
-    _finite_rewards(rewards)
+    scored = _no_inf(rewards)
     _groups(rewards, group_size, "RLOO")
-    centred = group_advantages(rewards, group_size=group_size, scale="none")  # (B,) r_i - mean, equal groups exactly 0
-    return centred * (group_size / (group_size - 1))
+    centred = group_advantages(rewards, group_size=group_size, scale="none")  # (B,) r_i - mean of the scored rows
+    n = scored.view(-1, group_size).sum(dim=1, keepdim=True)  # scored rows per group; centred is 0 where n < 2
+    return (centred.view(-1, group_size) * (n / (n - 1).clamp(min=1))).view(-1)
 
 
 def reinforce_pp_advantages(rewards: Tensor, *, eps: float = 1e-4) -> Tensor:
@@ -128,7 +131,8 @@ def reinforce_pp_advantages(rewards: Tensor, *, eps: float = 1e-4) -> Tensor:
     A_i = (r_i - mean_B(r)) / (std_B(r) + eps), mean and unbiased std (ddof=1) over all B sequences of the batch,
     each sequence counted once. No prompt groups are needed (it works with one sample per prompt); with several,
     it ignores them, so a group whose rewards are all equal still gets a non-zero advantage when the batch mean
-    differs. A batch whose rewards are all equal gets exactly 0.
+    differs. A batch whose rewards are all equal gets exactly 0. An unscored row (NaN) is left out of the mean
+    and std and gets 0, as in ``group_advantages``.
 
     Example: rewards [1, 0, 0, 0]: mean 0.25, std sqrt((0.5625 + 3 * 0.0625) / 3) = 0.5;
     A = [0.75, -0.25, -0.25, -0.25] / 0.5001 = [1.4997, -0.4999, -0.4999, -0.4999].
@@ -141,18 +145,19 @@ def reinforce_pp_advantages(rewards: Tensor, *, eps: float = 1e-4) -> Tensor:
         (B,) advantages, float, zero mean over the batch.
 
     Raises:
-        ValueError: if rewards is not 1-D or not finite, or eps < 0.
+        ValueError: if rewards is not 1-D or holds inf, or eps < 0.
 
     Source: Hu et al. 2025, "REINFORCE++: Stabilizing Critic-Free Policy Optimization with Global Advantage
     Normalization" (arXiv 2501.03262), section on global advantage normalisation (REINFORCE++, k >= 1).
     """
-    _finite_rewards(rewards)
+    scored = _no_inf(rewards)
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
-    r = rewards.float()
-    if (r == r[:1]).all():  # no signal in the batch (also a batch of one): exactly 0, never 0 / 0
-        return torch.zeros_like(r)
-    return (r - r.mean()) / (r.std() + eps)
+    r = rewards.float()[scored]  # the scored rows
+    out = torch.zeros_like(rewards, dtype=torch.float)
+    if r.numel() > 1 and not (r == r[:1]).all():  # else no signal (or one row): exactly 0, never 0 / 0
+        out[scored] = (r - r.mean()) / (r.std() + eps)
+    return out
 
 
 def reinforce_pp_baseline_advantages(rewards: Tensor, *, group_size: int, eps: float = 1e-4) -> Tensor:
@@ -161,7 +166,8 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, *, group_size: int, eps: f
     A_i = c_i / (std_B(c) + eps) with c_i = r_i - mean(r_group), std_B the unbiased std (ddof=1) of the centred
     values over all B sequences. The batch mean of c is exactly 0, so it is not subtracted again: a group whose
     rewards are all equal keeps exactly 0. It differs from GRPO's scale="batch" (TRL's scale_rewards="batch"),
-    which divides by the std of the raw rewards r, not of the centred c.
+    which divides by the std of the raw rewards r, not of the centred c. An unscored row (NaN) is left out of its
+    group's mean and of the std, and gets 0.
 
     Example: rewards [1, 0, 0, 0, 1, 1, 1, 1], G = 4: c = [0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0];
     std_B(c) = sqrt((0.5625 + 3 * 0.0625) / 7) = sqrt(0.75 / 7) = 0.32733; A = c / 0.32743 =
@@ -176,20 +182,20 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, *, group_size: int, eps: f
         (B,) advantages, float; they sum to 0 within each group.
 
     Raises:
-        ValueError: if rewards is not 1-D or not finite, group_size < 2, B is not a multiple of group_size, or
+        ValueError: if rewards is not 1-D or holds inf, group_size < 2, B is not a multiple of group_size, or
             eps < 0.
 
     Source: Hu et al. 2025, "REINFORCE++" (arXiv 2501.03262), the REINFORCE++ w/ baseline variant (k > 1); verl's
     adv_estimator=reinforce_plus_plus_baseline.
     """
-    _finite_rewards(rewards)
+    scored = _no_inf(rewards)
     _groups(rewards, group_size, "REINFORCE++-baseline")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     centred = group_advantages(rewards, group_size=group_size, scale="none")  # (B,), equal groups exactly 0
     if not centred.any():  # every group equal: no signal anywhere, and no 0 / 0
         return centred
-    return centred / (centred.std() + eps)
+    return centred / (centred[scored].std() + eps)  # unscored rows stay 0
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, *, gamma: float = 1.0, lam: float = 0.95

@@ -151,6 +151,16 @@ class RLConfig:
     eval_samples_per_prompt: int = 1
     progress: bool = True  # tqdm bar
 
+    def policy_loss_settings(self) -> dict:
+        """This config's values of ``losses.SETTINGS``: the keyword arguments that pick and shape the policy loss."""
+        return {name: getattr(self, name) for name in losses.SETTINGS}
+
+    def policy_loss_kwargs(self) -> dict:
+        """Every keyword argument ``losses.policy_loss`` takes from the config (the loop adds the minibatch's
+        denominator and the importance weights): ``policy_loss_settings`` plus Dr. GRPO's constant normaliser,
+        the generation budget. The one place a config becomes a loss, so a new loss mode never touches rl.py."""
+        return {**self.policy_loss_settings(), "max_tokens": self.max_new_tokens}
+
     def validate(self) -> None:
         """Raise ValueError naming the field for any invalid setting."""
         choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
@@ -161,10 +171,6 @@ class RLConfig:
         if self.advantage in advantages.ESTIMATORS and self.beta > 0 and self.kl_placement == "reward":
             raise ValueError(f"kl_placement='reward' is implemented for advantage='group' and 'gae' (the KL "
                              f"penalty-to-go), not for {self.advantage!r}: use kl_placement='loss' or beta=0")
-        choice("level", self.level, losses.LEVELS)
-        choice("agg", self.agg, losses.AGGREGATIONS)
-        choice("loss_mode", self.loss_mode, losses.LOSS_MODES)
-        choice("cispo_form", self.cispo_form, losses.CISPO_FORMS)
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
@@ -187,24 +193,7 @@ class RLConfig:
         if self.beta < 0 or self.temperature <= 0 or self.lr <= 0:
             raise ValueError(f"need beta >= 0, temperature > 0, lr > 0; got {self.beta}, {self.temperature}, "
                              f"{self.lr}")
-        if self.dual_clip is not None and not self.dual_clip > 1:
-            raise ValueError(f"dual_clip must be > 1 or None, got {self.dual_clip}: dual-clip PPO caps the loss of "
-                             f"A < 0 at dual_clip * |A|, which for c <= 1 falls below PPO's own loss")
-        if self.level == "sequence" and self.agg != "seq-mean-token-mean":
-            raise ValueError("level='sequence' (GSPO) has one term per sequence: agg must be 'seq-mean-token-mean'")
-        if self.loss_mode != "clip" and (self.level != "token" or self.dual_clip is not None):
-            raise ValueError(f"loss_mode={self.loss_mode!r} defines its own ratio: it needs level='token' and "
-                             f"dual_clip=None, got level={self.level!r}, dual_clip={self.dual_clip}")
-        if self.loss_mode == "gmpo" and self.agg != "seq-mean-token-mean":
-            raise ValueError("loss_mode='gmpo' has one term per sequence: agg must be 'seq-mean-token-mean'")
-        if self.loss_mode == "gmpo" and not (self.eps_low >= 0 and self.eps_high >= 0):
-            raise ValueError(f"GMPO's log-ratio bounds must be >= 0, got eps_low={self.eps_low}, "
-                             f"eps_high={self.eps_high}")
-        if self.loss_mode != "gmpo" and not (0 <= self.eps_low < 1 and self.eps_high >= 0):
-            raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={self.eps_low}, "
-                             f"eps_high={self.eps_high}")
-        if not (self.tau_pos > 0 and self.tau_neg > 0):
-            raise ValueError(f"tau_pos and tau_neg (SAPO) must be > 0, got {self.tau_pos}, {self.tau_neg}")
+        losses.check_settings(**self.policy_loss_settings())  # the loss's own rules, in one place
         choice("pi_old", self.pi_old, importance.PI_OLD)
         choice("is_correction", self.is_correction, importance.CORRECTIONS)
         choice("is_seq_form", self.is_seq_form, importance.SEQ_FORMS)
@@ -212,6 +201,11 @@ class RLConfig:
             raise ValueError(f"is_cap must be in (0, e^20], got {self.is_cap}")
         if self.is_cap_low is not None and not 0 < self.is_cap_low < self.is_cap:
             raise ValueError(f"is_cap_low must be None or in (0, is_cap={self.is_cap}), got {self.is_cap_low}")
+        if self.is_correction in importance.TOKEN_CORRECTIONS and losses.one_term_per_sequence(
+                level=self.level, loss_mode=self.loss_mode):
+            raise ValueError(f"is_correction={self.is_correction!r} weighs each token, but level={self.level!r} with "
+                             f"loss_mode={self.loss_mode!r} has one term per sequence (GSPO, GMPO): use a sequence "
+                             f"correction ('seq_tis' or 'seq_mis') or 'none'")
         if self.pi_old == "naive" and self.is_correction != "none":
             raise ValueError(f"is_correction={self.is_correction!r} with pi_old='naive': the weight pi_old / sampler "
                              f"would be exactly 1 (pi_old is the sampler's); use pi_old='recomputed'")
@@ -288,9 +282,10 @@ def make_config(algo: str = "grpo", **overrides) -> RLConfig:
 
 
 def algorithms_table() -> str:
-    """The ALGORITHMS presets as a markdown table of the switches that differ."""
-    keys = ["advantage", "adv_scale", "level", "eps_low", "eps_high", "agg", "beta", "kl_estimator",
-            "kl_placement", "dynamic_sampling", "overlong_shaping"]
+    """The ALGORITHMS presets as a markdown table: one column for every switch that some preset sets, in
+    RLConfig's field order, so no preset's difference is hidden (SAPO's temperatures, CISPO's form included)."""
+    used = {key for switches in ALGORITHMS.values() for key in switches}
+    keys = [f.name for f in dataclasses.fields(RLConfig) if f.name in used]
     rows = ["| algo | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in ALGORITHMS:
         c = make_config(name)

@@ -37,6 +37,8 @@ from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same
 PI_OLD = ("recomputed", "naive")
 #: The corrections of ``is_weights``: none, token TIS / MIS, sequence TIS / MIS.
 CORRECTIONS = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis")
+#: The corrections that give one weight per token, (B, T): a loss with one term per sequence cannot take them.
+TOKEN_CORRECTIONS = ("token_tis", "token_mis")
 #: A sequence weight's two forms: the product of its token ratios, or their geometric mean.
 SEQ_FORMS = ("product", "geomean")
 #: The largest cap: e^20 (``checks.LOG_RATIO_LINEAR_ABOVE``), a ratio of 4.9e8 is already no cap.

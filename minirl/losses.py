@@ -1,5 +1,11 @@
 """Policy and value losses. Per-token terms are kept apart from their aggregation, because the aggregation is one of
-the things the algorithms disagree about (GRPO vs DAPO vs Dr. GRPO)."""
+the things the algorithms disagree about (GRPO vs DAPO vs Dr. GRPO).
+
+To copy one algorithm's loss into your own trainer, copy the family function ``policy_loss`` calls for it
+(token_clip_loss for PPO, GRPO, Dr. GRPO, DAPO, RLOO and REINFORCE++; gspo_loss, gspo_token_loss, cispo_loss,
+sapo_loss, gmpo_loss): its docstring's "Copy with" line names the few helpers it needs; torch and checks.py's
+``zero_outside``, ``exp_linear_above``, ``LOG_RATIO_LINEAR_ABOVE`` (and, for ``aggregate``, ``same_shape``, ``ndim``,
+``choice``) are all the rest. ``tests/test_losses.py`` runs each of them on its own."""
 
 from __future__ import annotations
 
@@ -14,8 +20,7 @@ LEVELS = ("token", "sequence", "sequence-token")
 LOSS_MODES = ("clip", "cispo", "sapo", "gmpo")
 #: CISPO's weight: the paper's and verl's two-sided clip, or TRL's one-sided cap (see ``cispo_loss``).
 CISPO_FORMS = ("two-sided", "one-sided")
-#: PPO's band, used only for the ``ppo_clip_frac`` diagnostic of the losses that do not clip: the share of tokens
-#: whose gradient PPO's clip (eps 0.2 / 0.2) would have removed, comparable across every loss.
+#: PPO's band (eps 0.2 / 0.2) of the ``ppo_clip_frac`` diagnostic, comparable across the losses that do not clip.
 PPO_BAND = 0.2
 
 
@@ -83,12 +88,14 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, *, max_tokens: int | N
     return (per_seq * valid_seq).sum() / count
 
 
+def _check_tau(tau_pos: float, tau_neg: float) -> None:
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+
+
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float,
                        dual_clip: float | None) -> Tensor:
     """Per-element PPO loss: max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)), dual-clipped for A < 0."""
-    if dual_clip is not None and not dual_clip > 1:
-        # with c <= 1 the "cap" c * |A| falls below PPO's own loss (log r 0.5, A -1, c 0.5: 0.5 < e^0.5 = 1.6487)
-        raise ValueError(f"dual_clip must be > 1 (dual-clip PPO, Ye et al. 2020, eq. 5) or None, got {dual_clip}")
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
     loss = torch.maximum(unclipped, clipped)
@@ -97,6 +104,48 @@ def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps
         # a huge ratio cannot dominate the batch.
         loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * dual_clip), loss)
     return loss
+
+
+#: The settings that pick and shape the loss: ``RLConfig`` fields of the same names, forwarded by its
+#: ``policy_loss_kwargs``; a new loss mode adds its own here, in ``check_settings`` and in ``policy_loss``.
+SETTINGS = ("eps_low", "eps_high", "level", "agg", "dual_clip", "loss_mode", "cispo_form", "tau_pos", "tau_neg")
+
+
+def one_term_per_sequence(*, level: str, loss_mode: str) -> bool:
+    """Whether the loss has one term per sequence (GSPO, GMPO): its advantages and importance weights are then (B,)."""
+    return level == "sequence" or loss_mode == "gmpo"
+
+
+def check_settings(*, eps_low: float, eps_high: float, level: str, agg: str, dual_clip: float | None,
+                   loss_mode: str, cispo_form: str, tau_pos: float, tau_neg: float) -> None:
+    """Raise ValueError naming the setting for any invalid combination of ``SETTINGS``; the one place these rules
+    live (``policy_loss`` and ``RLConfig.validate`` both call it).
+
+    Raises:
+        ValueError: for an unknown level, agg, loss_mode or cispo_form; eps outside 0 <= eps_low < 1, eps_high >= 0
+            (GMPO: both >= 0, in log space); dual_clip <= 1; tau <= 0; a loss_mode other than "clip" with
+            level != "token" or a dual_clip; one term per sequence with agg other than "seq-mean-token-mean".
+    """
+    choice("level", level, LEVELS)
+    choice("aggregation mode", agg, AGGREGATIONS)
+    choice("loss_mode", loss_mode, LOSS_MODES)
+    choice("cispo_form", cispo_form, CISPO_FORMS)
+    if loss_mode == "gmpo":  # log-space bounds: any eps_low >= 0 is a ratio bound e^-eps_low in (0, 1]
+        if not (eps_low >= 0 and eps_high >= 0):
+            raise ValueError(f"GMPO needs eps_low >= 0 and eps_high >= 0 (log-ratio bounds), got eps_low={eps_low}, "
+                             f"eps_high={eps_high}")
+    elif not (0 <= eps_low < 1 and eps_high >= 0):
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if dual_clip is not None and not dual_clip > 1:
+        # with c <= 1 the "cap" c * |A| falls below PPO's own loss (log r 0.5, A -1, c 0.5: 0.5 < e^0.5 = 1.6487)
+        raise ValueError(f"dual_clip must be > 1 (dual-clip PPO, Ye et al. 2020, eq. 5) or None, got {dual_clip}")
+    if loss_mode != "clip" and (level != "token" or dual_clip is not None):
+        raise ValueError(f"loss_mode={loss_mode!r} defines its own ratio: it needs level='token' and dual_clip=None, "
+                         f"got level={level!r}, dual_clip={dual_clip}")
+    _check_tau(tau_pos, tau_neg)
+    if one_term_per_sequence(level=level, loss_mode=loss_mode) and agg != "seq-mean-token-mean":
+        raise ValueError(f"level={level!r} with loss_mode={loss_mode!r} has one term per sequence: agg must be "
+                         f"'seq-mean-token-mean', got {agg!r}")
 
 
 def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
@@ -108,51 +157,42 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token) by ``level``, or, by ``loss_mode``, one of the
     losses that keep the gradient the clip removes: ``cispo_loss``, ``sapo_loss``, ``gmpo_loss``.
 
-    Above ``LOG_RATIO_LINEAR_ABOVE`` (20 nats) a log-ratio's exp is continued by its tangent (at the sequence levels,
-    the mean log-ratio of each sequence), so the ratio stays finite and its gradient keeps its sign: where the
-    unclipped branch is active (A < 0 without dual-clip, r above 1 + eps) the exact gradient is |A| r > 0 and
-    this one is |A| e^20 > 0; where the clip or the dual clip is active it is 0, as it is exactly. Below, the
-    ratio is exp, exact. ``old_logprobs`` is detached. Masked positions are never read (padding may hold
-    anything, a -inf log-prob included): value and gradient are those of the valid tokens alone.
+    Above ``LOG_RATIO_LINEAR_ABOVE`` (20 nats) a log-ratio's exp is continued by its tangent, so the ratio stays
+    finite and its gradient keeps its exact sign (|A| e^20 > 0 where the unclipped branch is active, 0 where a
+    clip is, as exactly); below, it is exp. ``old_logprobs`` is detached. Masked positions are never read
+    (padding may hold a -inf log-prob): value and gradient are those of the valid tokens alone.
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
         old_logprobs: (B, T) behaviour-policy log-probs of the same tokens.
         advantages: (B,) one per sequence, or (B, T) per token (not with level="sequence").
         mask: (B, T) 1 on tokens that count.
-        eps_low: lower clip range (ratio >= 1 - eps_low), in [0, 1).
-        eps_high: upper clip range (ratio <= 1 + eps_high); defaults to eps_low. DAPO's clip-higher uses 0.28.
-        level: "token", "sequence" or "sequence-token".
-        agg: aggregation mode (see ``aggregate``); must be "seq-mean-token-mean" at level="sequence".
+        eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] (eps_high defaults to eps_low; DAPO's
+            clip-higher 0.28); CISPO's weight bounds; GMPO's log-ratio bounds [-eps_low, eps_high].
+        level: "token", "sequence" (GSPO) or "sequence-token" (GSPO-token).
+        agg: aggregation mode (see ``aggregate``); "seq-mean-token-mean" for one term per sequence.
         dual_clip: optional c > 1 of dual-clip PPO: for A < 0 the loss is capped at c * |A|.
-        max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences at level="sequence"
-            and for GMPO).
-        loss_mode: "clip" (PPO's clipped surrogate at ``level``), "cispo", "sapo" or "gmpo"; the last three need
-            level="token" (each defines its own ratio) and no dual_clip. For "cispo", eps_low / eps_high bound its
-            weight as 1 - eps_low <= w <= 1 + eps_high; for "gmpo" they are in log space (log r in
-            [-eps_low, eps_high]); "gmpo" needs agg="seq-mean-token-mean" and advantages (B,).
+        max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences for GSPO and GMPO).
+        loss_mode: "clip" (PPO's clipped surrogate at ``level``), "cispo", "sapo" or "gmpo" (each at
+            level="token", without dual_clip).
         cispo_form: "two-sided" (paper eq. 5, verl) or "one-sided" (TRL: only the cap 1 + eps_high).
         tau_pos, tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (> 0).
         is_weights: optional importance weights between a sampler and the trainer (``importance.is_weights``):
-            (B, T) per token or (B,) per sequence (only (B,) at level="sequence" and for GMPO), finite, >= 0,
-            detached. Each loss term is multiplied by its weight before aggregation, as TRL and verl do. Done as
-            A * w, which is exactly that for every loss here: each is positively homogeneous in A (for w >= 0,
-            max(-wA r, -wA clip(r)) = w max(-A r, -A clip(r)); w keeps A's sign, so SAPO's temperature and GMPO's
-            side do not change; w = 0 gives 0). The clip-fraction stats then leave out weight-0 tokens.
+            (B, T), or (B,) per sequence (only (B,) for GSPO and GMPO), finite, >= 0, detached. Each loss term is
+            multiplied by its weight before aggregation, as TRL and verl do, done as A * w: exact, since every loss
+            here is positively homogeneous in A (w >= 0 keeps A's sign, so SAPO's temperature and GMPO's side do
+            not change). The clip-fraction stats then leave out weight-0 tokens.
 
     Returns:
         (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens whose gradient the
-        clip removed, on the low / high side; at the sequence levels every token of a clipped sequence counts, as
-        in GSPO's paper, so GSPO and GSPO-token report the same numbers), clip_frac (their sum),
-        ratio_mean / ratio_min / ratio_max / ratio_std (over valid tokens; at the sequence levels each token
-        carries its sequence's s_i), approx_kl (mean k3 estimate of KL(pi_old || pi) per token). CISPO, SAPO
-        and GMPO report their own clip fractions (see each) and ppo_clip_frac.
+        clip removed, low / high side; every token of a clipped sequence for GSPO and GSPO-token, as GSPO's paper
+        counts), clip_frac (their sum), ratio_mean / _min / _max / _std over valid tokens (a sequence's s_i on each
+        of its tokens), approx_kl (k3 of KL(pi_old || pi) per token); CISPO, SAPO, GMPO add ppo_clip_frac.
 
     Raises:
-        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages have the wrong shape, eps,
-            dual_clip (<= 1), level / agg, loss_mode, cispo_form or tau_pos / tau_neg are invalid, a
-            loss_mode other than "clip" is combined with level != "token" or dual_clip, or is_weights has the
-            wrong shape or a negative or non-finite value on a valid token.
+        ValueError: if logprobs, old_logprobs and mask differ in shape, advantages or is_weights have the wrong
+            shape, is_weights is negative or not finite on a valid token, or a setting is invalid
+            (``check_settings``).
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
     GSPO, Zheng et al. 2025, eq. 5-7 and 13-14; CISPO, MiniMax 2025 (arXiv 2506.13585), eq. 4-5; SAPO, Gao et
@@ -160,31 +200,16 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     """
     same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     ndim("logprobs", logprobs, 2, "(B, T)")
-    choice("level", level, LEVELS)
-    choice("loss_mode", loss_mode, LOSS_MODES)
-    choice("cispo_form", cispo_form, CISPO_FORMS)
-    eps_high = eps_low if eps_high is None else eps_high
-    if loss_mode == "gmpo":  # log-space bounds: any eps_low >= 0 is a ratio bound e^-eps_low in (0, 1]
-        if not (eps_low >= 0 and eps_high >= 0):
-            raise ValueError(f"GMPO needs eps_low >= 0 and eps_high >= 0 (log-ratio bounds), got eps_low={eps_low}, "
-                             f"eps_high={eps_high}")
-    elif not (0 <= eps_low < 1 and eps_high >= 0):
-        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
-    if loss_mode != "clip" and (level != "token" or dual_clip is not None):
-        raise ValueError(f"loss_mode={loss_mode!r} defines its own ratio: it needs level='token' and dual_clip=None, "
-                         f"got level={level!r}, dual_clip={dual_clip}")
-    if not (tau_pos > 0 and tau_neg > 0):
-        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
-    one_per_seq = level == "sequence" or loss_mode == "gmpo"
+    one_per_seq = one_term_per_sequence(level=level, loss_mode=loss_mode)
     B, T = logprobs.shape
     if advantages.shape == (B,):
         advantages = advantages.unsqueeze(1).expand(B, T)  # (B, T)
     elif advantages.shape != (B, T) or one_per_seq:
         raise ValueError(f"advantages must have shape ({B},) or ({B}, {T}) (only (B,) at level='sequence' and for "
                          f"GMPO), got {tuple(advantages.shape)}")
-    if one_per_seq and agg != "seq-mean-token-mean":
-        raise ValueError(f"level='sequence' and loss_mode='gmpo' have one term per sequence; agg must be "
-                         f"'seq-mean-token-mean', got {agg!r}")
+    eps_high = eps_low if eps_high is None else eps_high
+    check_settings(eps_low=eps_low, eps_high=eps_high, level=level, agg=agg, dual_clip=dual_clip,
+                   loss_mode=loss_mode, cispo_form=cispo_form, tau_pos=tau_pos, tau_neg=tau_neg)
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
     if is_weights is not None:  # w L(A) = L(w A) for w >= 0 (see the Args): the weight reaches every loss below
@@ -209,10 +234,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     else:
         loss, stats = gspo_token_loss(logprobs, old_logprobs, advantages, mask, eps_low=eps_low, eps_high=eps_high,
                                       agg=agg, dual_clip=dual_clip, max_tokens=max_tokens, denominator=denominator)
-    # k3 estimate of KL(pi_old || pi) from samples of pi_old: (r - 1) - log r with r = pi / pi_old, the usual
-    # "approx_kl" diagnostic of PPO (with r = pi_old / pi it would estimate chi^2 - KL instead). Past 20 nats r is
-    # continued linearly like the loss's ratio: finite, and still increasing with the log-ratio as the true value
-    # (a clamp of r would make it decrease there)
+    # PPO's "approx_kl": k3 estimate of KL(pi_old || pi) from pi_old's samples, (r - 1) - log r with r = pi / pi_old
+    # (r continued linearly past 20 nats like the loss's ratio: finite, and increasing as the true value)
     lr = (logprobs - old_logprobs).detach()  # (B, T), 0 outside the mask
     kl_tokens = exp_linear_above(lr, LOG_RATIO_LINEAR_ABOVE) - 1 - lr  # (B, T)
     stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
@@ -254,6 +277,8 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
 
     Returns:
         (loss, stats) as in ``policy_loss`` (without approx_kl).
+
+    Copy with: _clipped_surrogate, aggregate, AGGREGATIONS, _ratio_stats.
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO (clip-higher), Yu et al. 2025,
     eq. 8-10.
@@ -304,6 +329,8 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     Returns:
         (loss, stats) as in ``policy_loss`` (without approx_kl); stats count every token of a clipped sequence.
 
+    Copy with: sequence_ratio, _mean_log_ratio, _clipped_surrogate, _sequence_mean, _ratio_stats.
+
     Source: GSPO, Zheng et al. 2025, eq. 5-7.
     """
     B, T = logprobs.shape
@@ -311,9 +338,7 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
     per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B,)
-    valid = has_tokens.to(per_seq.dtype)  # (B,)
-    count = denominator if denominator is not None else valid.sum()
-    loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
+    loss = _sequence_mean(per_seq, has_tokens, denominator)
     # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
     per_token_ratio = seq_ratio.detach().unsqueeze(1).expand(B, T)
     return loss, _ratio_stats(per_token_ratio, advantages.unsqueeze(1).expand(B, T), mask, eps_low, eps_high)
@@ -336,12 +361,13 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     Returns:
         (loss, stats) as in ``policy_loss`` (without approx_kl).
 
+    Copy with: sequence_ratio, _mean_log_ratio, _clipped_surrogate, aggregate, AGGREGATIONS, _ratio_stats.
+
     Source: GSPO, Zheng et al. 2025, eq. 13-14.
     """
     logprobs, advantages = zero_outside(logprobs, mask), zero_outside(advantages, mask)  # padding is never read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
-    # GSPO's d s_i / d(mean log-ratio) is s_i up to LOG_RATIO_LINEAR_ABOVE and e^20 past it (the tangent
-    # continuation); scaling each token's exponent by that slope / s_i gives GSPO-token GSPO's gradient there too
+    # past 20 nats d s_i / d(mean log-ratio) is e^20, not s_i: scaling by that slope / s_i keeps GSPO's gradient
     mean_lr = _mean_log_ratio(logprobs, old_logprobs, mask).detach()  # (B,)
     slope = torch.where(mean_lr <= LOG_RATIO_LINEAR_ABOVE, 1.0,
                         1 / (1 + (mean_lr - LOG_RATIO_LINEAR_ABOVE))).unsqueeze(1)  # (B, 1)
@@ -372,7 +398,7 @@ def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
         logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
         advantages: (B, T).
         eps_low, eps_high: the weight's bounds 1 - eps_low (two-sided only) and 1 + eps_high.
-        form: one of ``CISPO_FORMS``.
+        form: one of ``CISPO_FORMS`` (ValueError otherwise; ``check_settings`` checks the rest).
         agg, max_tokens, denominator: see ``aggregate`` (the paper: token-mean).
 
     Returns:
@@ -380,8 +406,7 @@ def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
         1 - eps_low / capped at 1 + eps_high (their gradient is scaled, not removed), clip_frac their sum,
         ppo_clip_frac (see ``PPO_BAND``) and the ratio summaries of ``policy_loss``.
 
-    Raises:
-        ValueError: for an unknown form (``policy_loss`` checks the rest).
+    Copy with: CISPO_FORMS, aggregate, AGGREGATIONS, _ratio_stats, _own_clip_stats, PPO_BAND.
 
     Source: MiniMax-M1, MiniMax 2025 (arXiv 2506.13585), eq. 4-5 (CISPO); TRL 1.16 ``loss_type="cispo"``;
     verl ``loss_mode="cispo"``.
@@ -394,13 +419,7 @@ def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask:
     per_token = -weight * advantages * logprobs  # (B, T); logprobs is 0 outside the mask (policy_loss zeroes it)
     loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
     stats = _ratio_stats(ratio, advantages, mask, PPO_BAND, PPO_BAND)
-    with torch.no_grad():
-        valid, n = mask > 0, (mask > 0).sum().clamp(min=1)
-        frac_low = float(((ratio < low) & valid).sum() / n) if form == "two-sided" else 0.0
-        frac_high = float(((ratio > 1 + eps_high) & valid).sum() / n)
-    stats = {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": frac_low, "clip_frac_high": frac_high,
-             "clip_frac": frac_low + frac_high}
-    return loss, stats
+    return loss, _own_clip_stats(stats, ratio < low, ratio > 1 + eps_high, mask)  # one-sided: low 0, never below
 
 
 def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, tau_pos: float = 1.0,
@@ -421,7 +440,7 @@ def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     Args:
         logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
         advantages: (B, T).
-        tau_pos, tau_neg: gate temperatures (> 0; the paper's 1.0 and 1.05).
+        tau_pos, tau_neg: gate temperatures (the paper's 1.0 and 1.05); ValueError unless both are > 0.
         agg, max_tokens, denominator: see ``aggregate`` (the paper: seq-mean-token-mean, as GRPO).
 
     Returns:
@@ -429,17 +448,16 @@ def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         f'(r) r of valid tokens: the share of the plain policy gradient the gate lets through, 1 on-policy) and the
         ratio summaries of ``policy_loss``.
 
-    Raises:
-        ValueError: if tau_pos or tau_neg is not > 0.
+    Copy with: _check_tau, aggregate, AGGREGATIONS, _ratio_stats, _own_clip_stats, PPO_BAND.
 
     Source: SAPO, Gao et al. 2025 (arXiv 2511.20347), eq. 5-6; TRL 1.16 ``loss_type="sapo"``; verl
     ``loss_mode="sapo"``.
     """
-    if not (tau_pos > 0 and tau_neg > 0):
-        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    _check_tau(tau_pos, tau_neg)
     advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
     ratio = exp_linear_above(zero_outside(logprobs - old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B, T)
-    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)  # (B, T); in float64 when the input is
+    # (B, T) in the ratio's dtype: torch.where of two Python floats would give float32 even for float64 inputs
+    tau = torch.full_like(ratio, tau_neg).masked_fill(advantages > 0, tau_pos)
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)  # (B, T) f(r)
     per_token = -gate * advantages  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
@@ -447,9 +465,9 @@ def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     with torch.no_grad():
         s = torch.sigmoid(tau * (ratio - 1))
         through = zero_outside(4 * ratio * s * (1 - s), mask)  # (B, T) d f / d log r
-        gate_mean = float(through.sum() / mask.sum().clamp(min=1))
-    return loss, {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": 0.0, "clip_frac_high": 0.0,
-                  "clip_frac": 0.0, "gate_mean": gate_mean}
+    nothing = torch.zeros_like(ratio, dtype=torch.bool)  # nothing is clipped
+    gate_mean = float(through.sum() / mask.sum().clamp(min=1))
+    return loss, {**_own_clip_stats(stats, nothing, nothing, mask), "gate_mean": gate_mean}
 
 
 def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.4,
@@ -476,6 +494,8 @@ def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         removed (A < 0 below, A > 0 above), clip_frac their sum, ppo_clip_frac (see ``PPO_BAND``), and the
         token-ratio summaries of ``policy_loss``.
 
+    Copy with: _sequence_mean, _ratio_stats, _own_clip_stats, PPO_BAND.
+
     Source: GMPO, Zhao et al. 2025 (arXiv 2507.20673), eq. 4; TRL 1.16 ``trl.experimental.gmpo``; verl
     ``loss_mode="geo_mean"``.
     """
@@ -488,19 +508,30 @@ def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     pessimistic = torch.where(a > 0, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))  # (B, T)
     mean_log = zero_outside(pessimistic, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
     weight = exp_linear_above(mean_log, LOG_RATIO_LINEAR_ABOVE)  # (B,) geometric mean of the clipped ratios
-    per_seq = -advantages * weight  # (B,)
-    valid = has_tokens.to(per_seq.dtype)
-    count = denominator if denominator is not None else valid.sum()
-    loss = (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
+    loss = _sequence_mean(-advantages * weight, has_tokens, denominator)  # per sequence: -A_i * weight_i
     ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE).detach()  # (B, T) token ratios, for the stats
     a_tok = a.expand(B, T)
     stats = _ratio_stats(ratio, a_tok, mask, PPO_BAND, PPO_BAND)
-    with torch.no_grad():
-        valid_t, n = mask > 0, (mask > 0).sum().clamp(min=1)
-        frac_low = float(((log_ratio < -eps_low) & (a_tok < 0) & valid_t).sum() / n)
-        frac_high = float(((log_ratio > eps_high) & (a_tok > 0) & valid_t).sum() / n)
-    return loss, {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": frac_low,
-                  "clip_frac_high": frac_high, "clip_frac": frac_low + frac_high}
+    return loss, _own_clip_stats(stats, (log_ratio < -eps_low) & (a_tok < 0), (log_ratio > eps_high) & (a_tok > 0),
+                                 mask)
+
+
+def _sequence_mean(per_seq: Tensor, has_tokens: Tensor, denominator: float | None) -> Tensor:
+    """The mean of (B,) per-sequence terms over the rows with a valid token (or their sum / ``denominator``); a
+    batch with no valid row gives 0, not 0 / 0."""
+    valid = has_tokens.to(per_seq.dtype)
+    count = denominator if denominator is not None else valid.sum()
+    return (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
+
+
+def _own_clip_stats(stats: dict, low: Tensor, high: Tensor, mask: Tensor) -> dict:
+    """``stats`` of PPO's band (kept as ppo_clip_frac) with the clip fractions replaced by a loss's own: the shares
+    of valid tokens in the (B, T) boolean ``low`` and ``high``."""
+    valid = mask > 0
+    n = valid.sum().clamp(min=1)
+    lo, hi = float((low & valid).sum() / n), float((high & valid).sum() / n)
+    return {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": lo, "clip_frac_high": hi,
+            "clip_frac": lo + hi}
 
 
 def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> dict:

@@ -26,12 +26,12 @@ from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
 from . import importance, kl, losses, models, rewards, rollout, sampling, tasks
-from .checks import zero_outside
+from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
 from .moe import Routes, capture_router_logits, load_balancing_loss, record_routing, replay_routing, routers
-from .sampler import is_trainer, make_sampler, sync_sampler
+from .sampler import make_sampler, sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
@@ -80,6 +80,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     optimizer = make_optimizer(model, critic, cfg)
     sampler = make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
+    source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history = cfg.beta, History()
     if eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
@@ -93,12 +94,12 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                          "log_metric": metric_logger(logged)}
         batch, scores, gen_stats = collect(sampler, tokenizer, train_data, cfg, reward_fn=reward_fn,
                                            reward_weights=reward_weights, gen=gen, reward_kwargs=reward_kwargs)
-        old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg)  # (B, T) each
+        old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg, source=source)
         mask = batch.completion_mask  # (B, T)
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
         kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
-        if ref_logprobs is not None:  # on-policy (no pi_old forward) the logged estimate reads the sampler's
-            kl_tokens = kl.kl_estimate(batch.logprobs if old_logprobs is None else old_logprobs, ref_logprobs,
+        if ref_logprobs is not None:  # with source "current" (no pi_old forward) it reads the sampler's
+            kl_tokens = kl.kl_estimate(batch.sampler_logprobs if old_logprobs is None else old_logprobs, ref_logprobs,
                                        estimator=cfg.kl_estimator, mask=mask)  # 0 on padding
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
@@ -120,7 +121,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
         row.update({name: float(np.mean(values)) for name, values in logged.items()})
-        if sampler is not model and cfg.pi_old == "recomputed":  # the sampler/trainer gap, as the engines log it
+        if source == "recomputed" and sampler is not model:  # the sampler/trainer gap, as the engines log it
             row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
                 old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,
                 cap_low=cfg.is_cap_low, form=cfg.is_seq_form).items()})
@@ -222,37 +223,48 @@ def completion_id_lists(r: rollout.Rollout) -> list[list[int]]:
     return [ids[m > 0].tolist() for ids, m in zip(r.completion_ids, r.completion_mask, strict=True)]
 
 
-def on_policy(cfg: RLConfig) -> bool:
-    """Whether pi_old is the policy being trained at every optimiser step: one epoch of one minibatch, so the only
-    update happens after the loss is computed. Then pi_old's log-probs are the training forward's, detached (the
-    ratio is exactly 1 and the clip never acts), and the no-grad forward that would recompute them is skipped, as
-    TRL does. Routing replay (which records or replays pi_old's experts), a KL penalty in the reward (which reads
-    pi_old's log-probs before the update), pi_old="naive" (which takes them from the sampler) and a sampler that is
-    not the trainer (whose gap to pi_old is measured every step) are not."""
-    return (cfg.num_iterations == 1 and cfg.num_minibatches == 1 and not cfg.routing_replay
-            and not (cfg.beta > 0 and cfg.kl_placement == "reward") and cfg.pi_old == "recomputed"
-            and is_trainer(dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
-                           router_noise=cfg.sampler_router_noise))
+#: Which log-probs play pi_old in a step (``pi_old_source``).
+PI_OLD_SOURCES = ("recomputed", "sampler", "current")
+
+
+def pi_old_source(cfg: RLConfig, *, sampler_is_trainer: bool) -> str:
+    """Which log-probs play pi_old in the ratio pi / pi_old: decided here, once, and read by the rollout stage
+    (``behaviour_logprobs``), the metrics and the update.
+
+    - "sampler" (``cfg.pi_old="naive"``): the sampler's own log-probs, the naive way that treats the sampler's
+      numbers as the trainer's (``importance.choose_old_logprobs``).
+    - "current": on-policy, one epoch of one minibatch, so the only update happens after the loss is computed.
+      pi_old's log-probs are then the training forward's, detached (the ratio is exactly 1 and the clip never
+      acts), and the no-grad forward that would recompute them is skipped, as TRL does. Not with routing replay
+      (which records or replays pi_old's experts), a KL penalty in the reward (which reads pi_old's log-probs
+      before the update) or a sampler that is not the trainer (whose gap to pi_old is measured every step).
+    - "recomputed": one no-grad forward of the trainer on the sampled tokens.
+    """
+    if cfg.pi_old == "naive":
+        return "sampler"
+    if (cfg.num_iterations == 1 and cfg.num_minibatches == 1 and not cfg.routing_replay and sampler_is_trainer
+            and not (cfg.beta > 0 and cfg.kl_placement == "reward")):
+        return "current"
+    return "recomputed"
 
 
 @torch.no_grad()
-def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
+def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig, *, source: str | None = None
                        ) -> tuple[Tensor | None, Tensor | None, Routes | None]:
-    """(B, T) log-probs of the sampled tokens under pi_old and the reference (None without one), masked, and the
-    routes the training forwards replay (None without routing replay).
+    """(B, T) log-probs of the sampled tokens under pi_old (None when ``source`` is "current": the update then
+    detaches its own) and the reference (None without one), masked, and the routes the training forwards replay
+    (None without routing replay). ``source`` is ``pi_old_source``'s answer (None: its answer for a model that
+    samples its own rollouts, as in ``train_rl`` with the default sampler).
 
-    pi_old is recomputed by one forward of the trainer's model on the final batch: with R2 routing replay while
-    its experts are recorded, with R3 while the sampler's experts are forced. It is None when the step is
-    ``on_policy`` (the update then uses the training forward's own log-probs, detached), and the sampler's own
-    log-probs with ``pi_old="naive"``, the naive way that treats the sampler's numbers as the trainer's."""
+    A recomputed pi_old is one forward of the trainer's model on the final batch: with R2 routing replay while its
+    experts are recorded, with R3 while the sampler's experts are forced."""
+    source = source or pi_old_source(cfg, sampler_is_trainer=True)
+    choice("source", source, PI_OLD_SOURCES)
     mask, P = batch.completion_mask, batch.n_prompt_tokens
-    old_logprobs, routes = None, None
     r3 = cfg.routing_replay and cfg.replay_source == "sampler"
-    if r3:
-        routes = batch.sampler_routes
-    if cfg.pi_old == "naive":
-        old_logprobs = zero_outside(batch.sampler_logprobs, mask)
-    elif not on_policy(cfg):
+    routes = batch.sampler_routes if r3 else None
+    old_logprobs = None
+    if source == "recomputed":
         if r3:
             context = replay_routing(model, routes)
         elif cfg.routing_replay:
@@ -260,9 +272,12 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig
         else:
             context = nullcontext()
         with context as recorded:
-            old_logprobs = zero_outside(rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
-                                                               temperature=cfg.temperature), mask)
+            old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
+                                                 temperature=cfg.temperature)
         routes = routes if r3 else recorded
+    if source != "current":
+        old_logprobs = zero_outside(importance.choose_old_logprobs(old_logprobs, batch.sampler_logprobs,
+                                                                   pi_old=cfg.pi_old), mask)
     ref_logprobs = None
     if ref_model is not None:
         ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
@@ -339,7 +354,7 @@ class RLBatch:
     n_prompt_tokens: int  # P: the completion starts at column P of input_ids
     completion_mask: Tensor  # (B, T) 1 up to and including EOS
     loss_mask: Tensor  # (B, T) the tokens that count in the loss (completion mask, maybe overlong-filtered)
-    old_logprobs: Tensor | None  # (B, T) pi_old, at the sampling temperature; None on-policy (see on_policy)
+    old_logprobs: Tensor | None  # (B, T) pi_old, at the sampling temperature; None on-policy (pi_old_source)
     advantages: Tensor  # (B,) or (B, T)
     ref_logprobs: Tensor | None = None  # (B, T) the reference's, when there is one
     old_values: Tensor | None = None  # (B, T) the critic's at rollout time (PPO)
@@ -392,18 +407,14 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
         with router_logits_if(model, cfg) as router_logits:  # the routers' logits, only with the aux loss on
             logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
-        old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # on-policy: ratio 1
+        old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # "current": ratio 1
         weights = None  # the sampler is not pi_old: re-weight its samples towards pi_old (importance.py)
         if cfg.is_correction != "none":
             weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
                                             correction=cfg.is_correction, cap=cfg.is_cap, cap_low=cfg.is_cap_low,
                                             form=cfg.is_seq_form)
         pg_loss, st = losses.policy_loss(logprobs, old_logprobs, micro.advantages, micro.loss_mask,
-                                         eps_low=cfg.eps_low, eps_high=cfg.eps_high, level=cfg.level, agg=cfg.agg,
-                                         dual_clip=cfg.dual_clip, max_tokens=cfg.max_new_tokens,
-                                         denominator=denominator, loss_mode=cfg.loss_mode,
-                                         cispo_form=cfg.cispo_form, tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg,
-                                         is_weights=weights)
+                                         **cfg.policy_loss_kwargs(), denominator=denominator, is_weights=weights)
         kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
         value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
         aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0

@@ -1,6 +1,7 @@
 """Tests of minirl.advantages.group_advantages: hand-worked values, equal-reward groups, bad input."""
 
 
+import math
 from functools import partial
 
 import helpers
@@ -168,9 +169,9 @@ def test_new_estimators_reject_bad_input_by_name():
         rloo_advantages(torch.ones(6), group_size=4)
     with pytest.raises(ValueError, match="not a multiple of group_size=4"):
         reinforce_pp_baseline_advantages(torch.ones(6), group_size=4)
-    for bad in (float("nan"), float("inf"), -float("inf")):
+    for bad in (float("inf"), -float("inf")):  # NaN is an unscored row: see test_unscored_rows_get_zero_...
         r = torch.tensor([1.0, 0.0, bad, 0.0])
-        with pytest.raises(ValueError, match="rewards must be finite; entry 2"):
+        with pytest.raises(ValueError, match="rewards must be finite .* row 2"):
             rloo_advantages(r, group_size=2)
         with pytest.raises(ValueError, match="rewards must be finite"):
             reinforce_pp_advantages(r)
@@ -182,3 +183,31 @@ def test_new_estimators_reject_bad_input_by_name():
         reinforce_pp_advantages(torch.ones(2), eps=-1.0)
     with pytest.raises(TypeError):  # settings are keyword-only
         rloo_advantages(torch.ones(4), 2)
+
+
+# paper-index: advantages.rloo_advantages advantages.reinforce_pp_advantages advantages.reinforce_pp_baseline_advantages
+def test_unscored_rows_get_zero_and_leave_the_baselines_of_their_siblings():
+    """An unscored row (NaN: every reward function returned None) is left out of every mean and std and gets 0, as
+    TRL's RLOOTrainer does, instead of raising in the middle of train_rl (issue 35, defect 4)."""
+    from minirl.advantages import reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages
+
+    nan = float("nan")
+    # RLOO, group [1, 0, NaN, 0]: A_0 = 1 - (0 + 0) / 2 = 1, A_1 = A_3 = 0 - (1 + 0) / 2 = -0.5, A_2 = 0;
+    # group [1, NaN, NaN, NaN]: one scored row, no baseline: 0
+    a = rloo_advantages(torch.tensor([1.0, 0.0, nan, 0.0, 1.0, nan, nan, nan]), group_size=4)
+    close(a, [1.0, -0.5, 0.0, -0.5, 0.0, 0.0, 0.0, 0.0])
+    assert a[2] == 0.0 and (a[4:] == 0.0).all()  # exactly 0, not a round-off of 0
+    # REINFORCE++, [1, 0, NaN, 0]: scored [1, 0, 0], mean 1/3, std sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3) = 0.57735
+    a = reinforce_pp_advantages(torch.tensor([1.0, 0.0, nan, 0.0]), eps=0.0)
+    close(a, [(2 / 3) / math.sqrt(1 / 3), (-1 / 3) / math.sqrt(1 / 3), 0.0, (-1 / 3) / math.sqrt(1 / 3)])
+    assert a[2] == 0.0
+    # REINFORCE++ w/ baseline, [1, 0, NaN, 0 | 1, 1, 0, NaN]: c = [2/3, -1/3, 0, -1/3 | 1/3, 1/3, -2/3, 0];
+    # std over the 6 scored c (mean 0): sqrt((4/9 + 1/9 + 1/9 + 1/9 + 1/9 + 4/9) / 5) = sqrt(4/15)
+    a = reinforce_pp_baseline_advantages(torch.tensor([1.0, 0, nan, 0, 1, 1, 0, nan]), group_size=4, eps=0.0)
+    s = math.sqrt(4 / 15)
+    close(a, [2 / 3 / s, -1 / 3 / s, 0.0, -1 / 3 / s, 1 / 3 / s, 1 / 3 / s, -2 / 3 / s, 0.0])
+    assert a[2] == 0.0 and a[7] == 0.0
+    # every row unscored: all zero, never NaN
+    for fn in (partial(rloo_advantages, group_size=2), reinforce_pp_advantages,
+               partial(reinforce_pp_baseline_advantages, group_size=2)):
+        assert torch.equal(fn(torch.full((4,), nan)), torch.zeros(4))

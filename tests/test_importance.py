@@ -294,7 +294,7 @@ def _per_token_terms(logprobs, old, adv, mode, eps_low=0.2, eps_high=0.2):
         return torch.maximum(-a * r, -a * r.clamp(1 - eps_low, 1 + eps_high))
     if mode == "cispo":
         return -r.clamp(1 - eps_low, 1 + eps_high).detach() * a * logprobs
-    tau = torch.where(a > 0, 1.0, 1.05)  # sapo
+    tau = torch.full_like(r, 1.05).masked_fill(a > 0, 1.0)  # sapo, in float64 (a where() of two floats is float32)
     return -torch.sigmoid(tau * (r - 1)) * 4 / tau * a
 
 

@@ -330,3 +330,63 @@ def test_policy_loss_shape_mismatch_names_the_arguments():
 def test_kl_estimators_refuse_mismatched_shapes(estimator):
     with pytest.raises(ValueError, match="ref_logprobs"):
         estimator(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+# --- defects of issue 35 and the copy a reader takes -----------------------------------------------------------------
+def test_sapo_temperatures_keep_the_inputs_float64():
+    """r = e^-0.5, A = -1, tau_neg 1.05: loss = (4 / 1.05) sigmoid(1.05 (e^-0.5 - 1)) in float64. A torch.where of
+    two Python floats built float32 temperatures and gave 1.5167954188682087 (issue 35, defect 3)."""
+    from minirl.losses import sapo_loss
+
+    expected = (4 / 1.05) / (1 + math.exp(-1.05 * (math.exp(-0.5) - 1)))  # = 1.5167953328585435
+    lp = torch.tensor([[-0.5]], dtype=torch.float64, requires_grad=True)
+    loss, _ = sapo_loss(lp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[-1.0]], dtype=torch.float64),
+                        torch.ones(1, 1, dtype=torch.float64))
+    assert loss.dtype == torch.float64 and loss.item() == expected
+
+
+_COPY_SETTINGS = {"token_clip_loss": dict(level="token", agg="seq-mean-token-mean", dual_clip=3.0),
+                  "gspo_loss": dict(level="sequence", agg="seq-mean-token-mean", eps_low=3e-4, eps_high=4e-4),
+                  "gspo_token_loss": dict(level="sequence-token", agg="token-mean", eps_low=3e-4, eps_high=4e-4),
+                  "cispo_loss": dict(loss_mode="cispo", agg="token-mean", cispo_form="one-sided", eps_high=4.0),
+                  "sapo_loss": dict(loss_mode="sapo", agg="seq-mean-token-mean"),
+                  "gmpo_loss": dict(loss_mode="gmpo", agg="seq-mean-token-mean", eps_low=0.4, eps_high=0.4)}
+
+
+@pytest.mark.parametrize("family", list(_COPY_SETTINGS))
+def test_each_loss_family_runs_alone_with_the_helpers_its_docstring_names(family):
+    """What the module docstring promises a reader who copies one loss into a torch-only file: the function, the
+    helpers its "Copy with" line names, and checks.py's guards are all it needs, and the copy gives policy_loss's
+    value and gradient bit for bit."""
+    import inspect
+    import re
+
+    from minirl import checks, losses
+
+    fn = getattr(losses, family)
+    helpers_line = re.search(r"Copy with: (.+?)\.\n", fn.__doc__).group(1)
+    names = [family, *(n.strip() for n in helpers_line.split(","))]
+    namespace = {"torch": torch, "Tensor": torch.Tensor, **{n: getattr(checks, n) for n in (
+        "zero_outside", "exp_linear_above", "LOG_RATIO_LINEAR_ABOVE", "same_shape", "ndim", "choice")}}
+    source = "\n\n".join(inspect.getsource(getattr(losses, n)) if callable(getattr(losses, n))
+                         else f"{n} = {getattr(losses, n)!r}" for n in reversed(names))
+    exec(compile("from __future__ import annotations\n" + source, f"copy of {family}", "exec"), namespace)
+    g = torch.Generator().manual_seed(0)
+    B, T = 4, 5
+    logprobs = (-torch.rand(B, T, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    old = logprobs.detach() + 0.4 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0], dtype=torch.float64)
+    settings = _COPY_SETTINGS[family]
+    want, _ = policy_loss(logprobs, old, adv, mask, **settings)
+    params = inspect.signature(fn).parameters
+    kwargs = {k: v for k, v in {"eps_low": 0.2, "eps_high": 0.2, **settings}.items() if k in params}
+    if "form" in params:
+        kwargs["form"] = settings["cispo_form"]
+    per_seq = family in ("gspo_loss", "gmpo_loss")
+    a = adv if per_seq else adv.unsqueeze(1).expand(B, T)
+    lp, old0 = torch.where(mask > 0, logprobs, 0.0), torch.where(mask > 0, old, 0.0)  # what policy_loss hands on
+    got, _ = namespace[family](lp, old0, a, mask, **kwargs)
+    assert got.item() == want.item()
+    (g_want,), (g_got,) = torch.autograd.grad(want, logprobs), torch.autograd.grad(got, logprobs)
+    assert torch.equal(g_want, g_got)

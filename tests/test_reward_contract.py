@@ -274,8 +274,10 @@ def test_inf_reward_tensor_is_rejected_by_group_advantages():
 
 
 # ------------------------------------------------------------------------------------------------ in the loop
-def test_train_rl_passes_the_contract_and_trains_around_unscored_rows():
-    """One GRPO step: the reward function gets completion_ids (the ids up to EOS, matching the texts), the
+@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])
+def test_train_rl_passes_the_contract_and_trains_around_unscored_rows(algo):
+    """One step of each outcome estimator (RLOO and REINFORCE++ raised here before; issue 35, defect 4): the
+    reward function gets completion_ids (the ids up to EOS, matching the texts), the
     dataset column, trainer_state (global_step 0 of max_steps 1) and log_metric (logged in the History row);
     it returns None for the prompts of task "skip", which are unscored (warned, advantage 0), and the step is
     finite and moves the policy."""
@@ -291,7 +293,7 @@ def test_train_rl_passes_the_contract_and_trains_around_unscored_rows():
         return [None if t == "skip" else c.count("1") / max(len(c), 1) for c, t in zip(completions, task, strict=True)]
 
     data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="], "task": ["count", "skip"]})
-    cfg = config.make_config("grpo", steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-3,
+    cfg = config.make_config(algo, steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-3,
                              progress=False, seed=0)
     with pytest.warns(UserWarning, match="every reward function returned None"):
         h = rl.train_rl(model, tok, cfg, data, reward_fn=multi_task)
