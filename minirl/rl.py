@@ -314,8 +314,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     if cfg.advantage == "reinforce_pp":
         return adv.reinforce_pp_advantages(total_rewards, eps=cfg.adv_eps), None, None
     if cfg.advantage == "reinforce_pp_baseline":
-        return adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps), \
-            None, None
+        return (adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps),
+                None, None)
     return adv.group_advantages(total_rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
 
 
