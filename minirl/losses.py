@@ -439,7 +439,7 @@ def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
         raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
     advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
     ratio = exp_linear_above(zero_outside(logprobs - old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B, T)
-    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)  # (B, T); in float64 when the input is
+    tau = torch.where(advantages > 0, tau_pos, tau_neg).to(ratio.dtype)  # (B, T), cast from float32 to ratio's dtype
     gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)  # (B, T) f(r)
     per_token = -gate * advantages  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
