@@ -54,3 +54,14 @@ def test_command_line_docstring_names_every_command(capsys):
     commands = re.search(r"\{([a-z_,]+)\}", capsys.readouterr().out).group(1).split(",")
     missing = [c for c in commands if f"python -m minirl {c}" not in cli.__doc__]
     assert len(commands) >= 3 and not missing, f"commands minirl/__main__.py's docstring does not name: {missing}"
+
+
+def test_the_paper_index_holds_papers_not_engine_source():
+    """An entry that cites TRL or verl source first is no paper: left out of the index (the README's name table holds
+    the engines), while the papers of the same ``Source:`` line keep their rows."""
+    import paper_index
+
+    source = "Yao et al. 2025 (TIS); TRL 1.16 ``GRPOTrainer._compute_loss``; verl 0.9.1 ``rollout_is=token``"
+    assert paper_index.entries(source) == [("Yao et al. 2025 (truncated importance sampling, TIS)", "-")]
+    engine_rows = [r for r in paper_index.rows() if paper_index.ENGINES.search(r[0])]
+    assert not engine_rows, f"paper-index rows that name an engine as their paper: {engine_rows}"
