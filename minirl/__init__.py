@@ -1,11 +1,16 @@
 """minirl: a small, readable reference implementation of RL for language models.
 
-The math (copyable, torch only): advantages, losses, kl, rewards, sampling, preference, importance (+ kl_toy, pg_toy,
-preference_toy).
-The model side: tasks, tokenizer, models, rollout, moe. The loops, one stage per file: config, warm_start, rl,
-preference_loop, preference_data, evaluation, history, plots, bench. The names below are the public API
-(README.md describes it); the warm start is
-``minirl.warm_start.warm_start`` (not re-exported: the module keeps its name).
+Every module, by layer:
+
+- the math (copyable: torch, the standard library and ``checks``): advantages, losses, kl, rewards, sampling,
+  preference, importance, checks (argument checks, numerical guards); the exact toys kl_toy, pg_toy, preference_toy.
+- the model side: tasks, tokenizer, models, rollout, moe (routing replay), sampler (a mismatched sampler).
+- the loops, one stage per file: config, warm_start, rl, preference_loop, preference_data, evaluation, history,
+  plots, sweep (grids of arms x seeds), bench, interop (TRL and verl), ``__main__`` (the command line).
+- the course kit: exercises (the exercises' checker).
+
+The names below are the public API (README.md describes it); the warm start is ``minirl.warm_start.warm_start`` (not
+re-exported: the module keeps its name).
 """
 
 from .advantages import (

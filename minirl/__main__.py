@@ -1,4 +1,7 @@
-"""Command line: ``python -m minirl train --algo grpo`` (the main job) and ``python -m minirl bench``."""
+"""Command line, three commands: ``python -m minirl train --algo grpo`` (the main job: warm start, evaluate, train
+with RL, evaluate again), ``python -m minirl bench`` (time one RL step; ``--vs-trl``: against TRL's GRPOTrainer) and
+``python -m minirl sweep SPEC`` (a grid of arms x seeds from a sweep spec, resumable). ``python -m minirl.interop``
+prints every preset's TRL and verl settings."""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 """Settings: the machine profiles, RLConfig (every switch of the RL loop) and ALGORITHMS (the presets).
 
-What differs between PPO, GRPO, Dr. GRPO, DAPO, GSPO and GSPO-token is a handful of switches in ``RLConfig``,
-collected in ``ALGORITHMS`` so the differences can be read at a glance (``algorithms_table()`` prints them).
+What differs between the presets of ``ALGORITHMS`` is a handful of switches in ``RLConfig``, collected there so the
+differences can be read at a glance (``algorithms_table()`` prints them). The presets: PPO (``ppo``), GRPO
+(``grpo``), Dr. GRPO (``dr_grpo``), DAPO (``dapo``), GSPO (``gspo``), GSPO-token (``gspo_token``), CISPO
+(``cispo``), SAPO (``sapo``), GMPO (``gmpo``), RLOO (``rloo``), REINFORCE++ (``reinforce_pp``) and REINFORCE++ with
+baseline (``reinforce_pp_baseline``).
 """
 
 from __future__ import annotations

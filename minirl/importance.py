@@ -145,8 +145,8 @@ def token_tis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, completion
             (0, e^20], cap_low not in (0, cap).
 
     Source: Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training" (TIS);
-    TRL 1.16 ``trl/trainer/grpo_trainer.py`` lines 2660-2685 (``token_truncate``); verl 0.9.1
-    ``rollout_corr_helper.compute_rollout_correction_weights`` (``rollout_is=token``).
+    TRL 1.16 ``GRPOTrainer._generate_and_score_completions`` (``vllm_importance_sampling_mode="token_truncate"``);
+    verl 0.9.1 ``rollout_corr_helper.compute_rollout_correction_weights`` (``rollout_is=token``).
     """
     log_ratio = _log_ratio(old_logprobs, sampler_logprobs, completion_mask)  # (B, T)
     return zero_outside(_truncate(log_ratio, cap, cap_low), completion_mask)
@@ -174,7 +174,7 @@ def token_mis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, completion
         ValueError: as ``token_tis_weights``.
 
     Source: Liu & Li et al. 2025, "When Speed Kills Stability: Demystifying RL Collapse from the Training-Inference
-    Mismatch" (masked IS); TRL 1.16 ``trl/trainer/grpo_trainer.py`` lines 2686-2703 (``token_mask``); verl 0.9.1
+    Mismatch" (masked IS); TRL 1.16 ``GRPOTrainer._generate_and_score_completions`` (``token_mask``); verl 0.9.1
     ``rollout_is=token`` with a "lower_upper" threshold (IcePop).
     """
     log_ratio = _log_ratio(old_logprobs, sampler_logprobs, completion_mask)  # (B, T)
@@ -204,7 +204,8 @@ def sequence_log_ratio(old_logprobs: Tensor, sampler_logprobs: Tensor, completio
         ValueError: as ``token_tis_weights``, or for an unknown form.
 
     Source: Liu & Li et al. 2025, "When Speed Kills Stability" (sequence-level IS); TRL 1.16
-    ``trl/trainer/grpo_trainer.py`` lines 2667-2672 (the sum); GSPO, Zheng et al. 2025, eq. 7 (the geometric mean).
+    ``GRPOTrainer._generate_and_score_completions`` (the sum, in the ``sequence_*`` modes); GSPO, Zheng et al. 2025,
+    eq. 7 (the geometric mean).
     """
     choice("form", form, SEQ_FORMS)
     total = _log_ratio(old_logprobs, sampler_logprobs, completion_mask).sum(-1)  # (B,)
@@ -229,7 +230,7 @@ def seq_tis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, completion_m
     Raises:
         ValueError: as ``sequence_log_ratio`` and ``token_tis_weights``.
 
-    Source: TRL 1.16 ``trl/trainer/grpo_trainer.py`` lines 2667-2685 (``sequence_truncate``); verl 0.9.1
+    Source: TRL 1.16 ``GRPOTrainer._generate_and_score_completions`` (``sequence_truncate``); verl 0.9.1
     ``rollout_is=sequence``; Yao et al. 2025 (truncation).
     """
     log_w = sequence_log_ratio(old_logprobs, sampler_logprobs, completion_mask, form=form)  # (B,)
@@ -258,7 +259,7 @@ def seq_mis_weights(old_logprobs: Tensor, sampler_logprobs: Tensor, completion_m
         ValueError: as ``seq_tis_weights``.
 
     Source: Liu & Li et al. 2025, "When Speed Kills Stability" (sequence-level MIS); TRL 1.16
-    ``trl/trainer/grpo_trainer.py`` lines 2667-2703 (``sequence_mask``); verl 0.9.1 ``rollout_is=sequence`` with a
+    ``GRPOTrainer._generate_and_score_completions`` (``sequence_mask``); verl 0.9.1 ``rollout_is=sequence`` with a
     "lower_upper" threshold.
     """
     log_w = sequence_log_ratio(old_logprobs, sampler_logprobs, completion_mask, form=form)  # (B,)
@@ -321,7 +322,7 @@ def apply_weights(per_token_loss: Tensor, weights: Tensor, completion_mask: Tens
     Raises:
         ValueError: on a shape mismatch, or weights that are negative or not finite on valid tokens.
 
-    Source: TRL 1.16 ``trl/trainer/grpo_trainer.py`` lines 3146-3147 (``per_token_loss * importance_sampling_ratio``);
+    Source: TRL 1.16 ``GRPOTrainer._compute_loss`` (``per_token_loss * inputs["importance_sampling_ratio"]``);
     verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` (``pg_losses * rollout_is_weights``).
     """
     same_shape(per_token_loss=per_token_loss, completion_mask=completion_mask)
@@ -367,8 +368,9 @@ def mismatch_metrics(old_logprobs: Tensor, sampler_logprobs: Tensor, completion_
     Raises:
         ValueError: as ``is_weights``.
 
-    Source: Schulman 2020 ("Approximating KL Divergence", k1 / k2 / k3); TRL 1.16 ``trl/trainer/grpo_trainer.py``
-    lines 2860-2895; verl 0.9.1 ``rollout_corr_helper.compute_offpolicy_metrics``.
+    Source: Schulman 2020 ("Approximating KL Divergence", k1 / k2 / k3); TRL 1.16
+    ``GRPOTrainer._generate_and_score_completions`` (the ``sampling/*`` metrics); verl 0.9.1
+    ``rollout_corr_helper.compute_offpolicy_metrics``.
     """
     log_r = _log_ratio(old_logprobs, sampler_logprobs, completion_mask)  # (B, T)
     weights = is_weights(old_logprobs, sampler_logprobs, completion_mask, correction=correction, cap=cap,

@@ -79,8 +79,8 @@ def source(fn) -> str:
     text = textwrap.dedent(inspect.getsource(fn))
     node = ast.parse(text).body[0]
     body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-            and isinstance(body[0].value.value, str):
+    if (body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant)
+            and isinstance(body[0].value.value, str)):
         lines = text.splitlines()
         start, end = body[0].lineno - 1, body[0].end_lineno  # the docstring's lines (1-based, inclusive)
         return "\n".join(lines[:start] + lines[end:])

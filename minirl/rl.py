@@ -1,10 +1,15 @@
-"""The RL loop: one function, ``train_rl``, serves PPO, GRPO, Dr. GRPO, DAPO, GSPO and GSPO-token.
+"""The RL loop: one function, ``train_rl``, serves every preset of ``config.ALGORITHMS``.
+
+The presets: PPO (``ppo``), GRPO (``grpo``), Dr. GRPO (``dr_grpo``), DAPO (``dapo``), GSPO (``gspo``), GSPO-token
+(``gspo_token``), CISPO (``cispo``), SAPO (``sapo``), GMPO (``gmpo``), RLOO (``rloo``), REINFORCE++
+(``reinforce_pp``) and REINFORCE++ with baseline (``reinforce_pp_baseline``).
 
 Every step runs five stages, each a few lines that call a named function defined below in reading order:
 
   1. rollout     G completions per prompt and their behaviour log-probs (dynamic sampling repeats 1-2)
   2. reward      the reward functions' scores (+ DAPO's overlong shaping) (+ the KL penalty, if it is a reward)
-  3. advantages  group-relative, or GAE with the critic
+  3. advantages  group-relative (GRPO's mean/std, RLOO's leave-one-out, REINFORCE++'s batch normalisation), or GAE
+                 with the critic
   4. optimise    epochs x minibatches of ``update_minibatch``: pg_loss + beta * kl_loss (+ value_loss)
   5. log         one row of metrics into History
 
@@ -329,8 +334,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     if cfg.advantage == "reinforce_pp":
         return adv.reinforce_pp_advantages(total_rewards, eps=cfg.adv_eps), None, None
     if cfg.advantage == "reinforce_pp_baseline":
-        return adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps), \
-            None, None
+        return (adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps),
+                None, None)
     return adv.group_advantages(total_rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
 
 

@@ -241,8 +241,8 @@ def _train(profile: Profile, spec: dict, *, steps: int, sizes: dict, seed: int, 
                 progress=progress, stop=reached_target)
     kept = len(curve)
     # a step can move the accuracy by 10 points: keep whichever of the two checks around the target is closer
-    if below and checks[-1][2] is not None and checks[-1][2] >= target and \
-            target - below["accuracy"] < checks[-1][2] - target:
+    if (below and checks[-1][2] is not None and checks[-1][2] >= target
+            and target - below["accuracy"] < checks[-1][2] - target):
         model.load_state_dict(below["weights"])
         kept = below["step"]
     if progress:  # the bar stops short of the schedule on purpose: say why

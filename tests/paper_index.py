@@ -2,8 +2,9 @@
 
 One row per (paper, equation, function): every entry of a ``Source:`` line (entries are separated by ";" or by a
 sentence) is split into the paper it names and the equations or sections it cites, so a function that implements
-three papers' equations has three rows. Rows are sorted by paper, then by equation (numerically). Each function is
-linked to the test that checks it by a marker comment directly above that test:
+three papers' equations has three rows. Entries that cite engine source (TRL, verl) first are left out: engines are
+not papers, and README.md's name table (minirl | TRL | verl) holds them. Rows are sorted by paper, then by equation
+(numerically). Each function is linked to the test that checks it by a marker comment directly above that test:
 
     # paper-index: losses.aggregate
     def test_aggregate_docstring_example():
@@ -55,8 +56,6 @@ PAPERS = [
     ("Shao et al. 2024 (DeepSeekMath, GRPO)", r"Shao et al"),
     ("Sutton et al. 2000 (policy gradient theorem)", r"Sutton"),
     ("Tang & Munos 2025 (KL gradient estimation)", r"Tang & Munos"),
-    ("TRL 1.16 (source)", r"\bTRL\b"),
-    ("verl (source)", r"\bverl\b"),
     ("Williams 1992 (REINFORCE)", r"Williams"),
     ("Yao et al. 2025 (truncated importance sampling, TIS)", r"\bYao et al"),
     ("Ye et al. 2020 (dual-clip PPO)", r"\bYe et al"),
@@ -65,6 +64,9 @@ PAPERS = [
     ("Ziegler et al. 2019", r"Ziegler"),
     ("DeepSeek-R1 (Guo et al. 2025)", r"DeepSeek-R1"),
 ]
+#: Engine source a docstring cites beside its papers (an entry like "TRL 1.16 ``GRPOTrainer._compute_loss``"): not a
+#: paper, so not a row; README.md's name table maps minirl's names to the engines'.
+ENGINES = re.compile(r"\bTRL\b|\bverl\b")
 
 EQUATION = re.compile(r"\b(?:eqs?\.|equations?|section|algorithm|thm\.|detail|lines?)\s*\d[\d.]*"
                       r"(?:\s*(?:-|and|,)\s*\d[\d.]*)*", re.I)
@@ -92,9 +94,10 @@ def sources() -> list[tuple[str, str, str]]:
 def entries(text: str) -> list[tuple[str, str]]:
     """Split one ``Source:`` text into (paper, equations) pairs, one per cited entry.
 
-    The paper is the one of ``PAPERS`` cited first in the entry. An entry that names no known paper is kept with its
-    own text if it cites a year (a source the table does not know yet) and left out otherwise: such entries are
-    notes ("derived again here by enumeration", "see ``expected_gradient``"), not citations.
+    The paper is the one of ``PAPERS`` cited first in the entry. An entry that names an engine (``ENGINES``) before
+    any paper is left out, and so is one that names no known paper and cites no year: such entries are engine
+    source or notes ("derived again here by enumeration", "see ``expected_gradient``"), not papers. An entry with a
+    year but no known paper keeps its own text (a source the table does not know yet).
 
     Example: "PPO, Schulman et al. 2017, eq. 7; GSPO, Zheng et al. 2025, eq. 5-7 and 13-14." ->
     [("Schulman et al. 2017 (PPO)", "eq. 7"), ("Zheng et al. 2025 (GSPO)", "eq. 5-7 and 13-14")].
@@ -103,6 +106,9 @@ def entries(text: str) -> list[tuple[str, str]]:
     for part in ENTRY_SPLIT.split(text.strip().rstrip(".")):
         part = part.strip()
         hits = [(m.start(), name) for name, pattern in PAPERS if (m := re.search(pattern, part))]
+        engine = ENGINES.search(part)
+        if engine and (not hits or engine.start() < min(hits)[0]):
+            continue
         if hits:
             paper = min(hits)[1]
         elif YEAR.search(part):

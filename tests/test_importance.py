@@ -545,7 +545,7 @@ def trl_setup(tok, tmp_path_factory):
 def _trl_generate_and_score(model, tok, cfg, tmp_path, sampler_shift):
     """TRL 1.16's own ``GRPOTrainer._generate_and_score_completions`` on the 8 fixed completions, with its
     generation replaced by a function that returns them and the sampler log-probs (trainer's pi_old - shift):
-    TRL then recomputes pi_old and computes its importance ratio itself (grpo_trainer.py lines 2660-2707).
+    TRL then recomputes pi_old and computes its importance ratio itself (its ``vllm_importance_sampling_*`` block).
     ``use_vllm`` is switched on after construction only to enable that block (no vLLM runs)."""
     import datasets
     import trl
@@ -593,10 +593,10 @@ TRL_CASES = {  # minirl setting -> TRL 1.16's mode (interop.to_trl writes it)
 @pytest.mark.parametrize("case", list(TRL_CASES))
 def test_weights_and_weighted_loss_match_trls_own_code(case, tok, trl_setup, tmp_path):
     """The same sampler / trainer log-probs through TRL 1.16's ``_generate_and_score_completions`` (its weights,
-    grpo_trainer.py lines 2660-2707: exp of (old - sampler) per token, or of its SUM per sequence, a product of
-    ratios, then clamp or masked_fill outside [clip_min, clip_max]) and its ``_compute_loss`` (lines 3146-3147:
-    per_token_loss * importance_sampling_ratio, then GRPO's aggregation): minirl's weights and
-    policy_loss(is_weights=...) agree to 1e-6, loss and gradient, with ratios outside the bounds on both sides."""
+    exp of (old - sampler) per token, or of its SUM per sequence, a product of ratios, then clamp or masked_fill
+    outside [clip_min, clip_max]) and its ``_compute_loss`` (per_token_loss * importance_sampling_ratio, then GRPO's
+    aggregation): minirl's weights and policy_loss(is_weights=...) agree to 1e-6, loss and gradient, with ratios
+    outside the bounds on both sides."""
     base, _ = trl_setup
     cfg = make_config("grpo", prompts_per_step=2, group_size=G, num_minibatches=1, max_new_tokens=16, beta=0.0,
                       **TRL_CASES[case])
@@ -645,7 +645,7 @@ def test_weights_and_weighted_loss_match_trls_own_code(case, tok, trl_setup, tmp
 
 
 def test_trls_sequence_weight_is_a_product_not_a_geometric_mean(tok, trl_setup, tmp_path):
-    """TRL 1.16 exponentiates the SUM of a sequence's token log-ratios (grpo_trainer.py line 2669): with every
+    """TRL 1.16 exponentiates the SUM of a sequence's token log-ratios (``_generate_and_score_completions``): with every
     token at log(pi_old / mu) = 0.1, a sequence of n tokens gets e^(0.1 n) (product), not e^0.1 (geometric mean,
     what TRL issue #5814 asks for); to_trl refuses minirl's geometric-mean form."""
     base, _ = trl_setup
