@@ -115,7 +115,9 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     vllm_importance_sampling_correction=True, vllm_importance_sampling_mode token_truncate / token_mask /
     sequence_truncate / sequence_mask, clip_max = is_cap, clip_min = is_cap_low (the deprecated
     vllm_importance_sampling_cap is clip_max); "none" -> correction False. TRL computes the weights only with
-    use_vllm=True (pass it to ``to_trl``), from its recomputed pi_old (pi_old="recomputed").
+    use_vllm=True (pass it to ``to_trl``), from its recomputed pi_old (pi_old="recomputed"). Refused: any correction
+    with GMPO (``GMPOTrainer._compute_loss`` never applies the weights), a token-level one with GSPO-token (TRL's
+    sequence level gives each token its row's mean weight).
 
     GSPO-token ("sequence-token") maps to TRL's "sequence" level: TRL 1.16 has no GSPO-token level (neither in
     GRPOConfig nor in trl.experimental), and with one advantage per sequence, which is all TRL computes, GSPO-token
@@ -138,7 +140,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
             level="sequence-token" with an aggregation other than seq-mean-token-mean, GSPO with another
             aggregation, dual_clip <= 1 + eps_high, two-sided CISPO, CISPO other than token-mean, SAPO other
             than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline, pi_old="naive",
-            is_seq_form="geomean" with a sequence correction.
+            is_seq_form="geomean" with a sequence correction, is_correction with loss_mode="gmpo", token_tis /
+            token_mis with level="sequence-token".
         ValueError: for an invalid config, a name in ``without`` that is not droppable, a micro-batch that does
             not divide the minibatch, or num_processes that is not a positive int dividing the micro-batch.
 
@@ -213,6 +216,14 @@ def _trl_importance(cfg: RLConfig) -> dict:
                        "them, or uses its own detached log-probs on-policy)")
     if cfg.is_correction == "none":
         return {}
+    if cfg.loss_mode == "gmpo":  # GMPOTrainer._compute_loss replaces GRPOTrainer's, the one that applies the weights
+        raise _missing(f"is_correction={cfg.is_correction!r} with loss_mode='gmpo'", "TRL 1.16's "
+                       "GMPOTrainer._compute_loss never reads importance_sampling_ratio (GRPOTrainer._compute_loss "
+                       "applies it): the run would train uncorrected", "use is_correction='none' with GMPO")
+    if cfg.level == "sequence-token" and cfg.is_correction.startswith("token"):
+        raise _missing(f"is_correction={cfg.is_correction!r} with level='sequence-token'", "TRL's sequence level, "
+                       "where GSPO-token maps, multiplies its one term per sequence by the token weights, so a token's "
+                       "gradient gets its row's mean weight, not its own", "seq_tis / seq_mis map (one weight a row)")
     if cfg.is_correction.startswith("seq") and cfg.is_seq_form != "product":
         raise _missing(f"is_seq_form={cfg.is_seq_form!r}", "TRL 1.16's sequence modes exponentiate the SUM of the "
                        "token log-ratios (a product of ratios; TRL issue #5814 asks for the geometric mean)")

@@ -22,7 +22,7 @@ trl = pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.
 
 import datasets  # noqa: E402
 
-from minirl import interop, models, rewards, rl, rollout  # noqa: E402
+from minirl import interop, losses, models, rewards, rl, rollout  # noqa: E402
 from minirl.advantages import group_advantages  # noqa: E402
 from minirl.config import ALGORITHMS, make_config  # noqa: E402
 from minirl.preference_loop import PrefConfig, encode_completions, preference_kto_loss, preference_pair_loss  # noqa: E402
@@ -748,3 +748,82 @@ def test_the_simulated_sampler_has_no_engine_equivalent():
             interop.to_trl(cfg, output_dir="unused")
         with pytest.raises(NotImplementedError, match="sampler_dtype"):
             interop.to_verl(cfg)
+
+
+# ------------------------------------------------------------------------------------------------ sampler corrections
+def _two_rows_on_policy(batch):
+    """Rows 0 and 1 of the scripted rollout ("3#3", "1+2=3#3") as TRL's inputs, advantages [+1, -1], no
+    old_per_token_logps (TRL then takes the current log-probs, detached: every ratio is 1)."""
+    rows = torch.tensor([0, 1])
+    return dict(prompt_ids=batch["prompt_ids"][rows], prompt_mask=batch["prompt_mask"][rows],
+                completion_ids=batch["completion_ids"][rows], completion_mask=batch["mask"][rows].long(),
+                advantages=torch.tensor([1.0, -1.0]), num_items_in_batch=batch["mask"][rows].sum())
+
+
+def test_trls_gmpo_trainer_ignores_the_sampler_weights(tok, base_model, rollout_batch, tmp_path):
+    """Why ``to_trl`` refuses GMPO with a sampler correction: TRL 1.16's ``GMPOTrainer._compute_loss`` replaces
+    ``GRPOTrainer._compute_loss``, the only place that multiplies the loss by ``inputs["importance_sampling_ratio"]``,
+    and never reads it. Two rows on-policy, A = [+1, -1], sequence weights [0.5, 2.0]: minirl's GMPO loss is
+    mean(-w_i A_i) = (-0.5 + 2.0) / 2 = 0.75; TRL's is -mean(A_i) = 0 with the weights or without them. If a later
+    TRL applies them, this test fails and the refusal can go."""
+    cfg = make_config("gmpo", prompts_per_step=1, group_size=2, num_minibatches=1, max_new_tokens=16)
+    trainer = grpo_trainer(copy.deepcopy(base_model), tok, cfg, tmp_path)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # what GRPOTrainer's own check reads
+    inputs = _two_rows_on_policy(rollout_batch)
+    weights = torch.tensor([0.5, 2.0])
+    with torch.no_grad():
+        trl_plain = float(trainer.compute_loss(trainer.model, inputs))
+        trl_weighted = float(trainer.compute_loss(trainer.model, {**inputs, "importance_sampling_ratio":
+                                                                  weights.unsqueeze(1)}))
+    mask = inputs["completion_mask"].double()
+    logprobs = torch.full(mask.shape, -1.0, dtype=torch.float64) * mask  # on-policy: the values do not matter
+    ours, _ = losses.policy_loss(logprobs, logprobs, inputs["advantages"].double(), mask, loss_mode="gmpo",
+                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg, is_weights=weights.double())
+    print(f"GMPO with sequence weights [0.5, 2.0]: minirl {float(ours):.4f}, TRL {trl_weighted:.4f} "
+          f"(TRL without them {trl_plain:.4f})")
+    assert float(ours) == pytest.approx(0.75, abs=1e-12)
+    assert trl_weighted == pytest.approx(0.0, abs=TOL) and trl_plain == pytest.approx(0.0, abs=TOL)
+
+
+@pytest.mark.parametrize("correction", ["seq_tis", "seq_mis"])
+def test_gmpo_with_a_sampler_correction_is_refused_for_trl(correction):
+    """The run would train uncorrected in TRL (test above): to_trl refuses, naming is_correction and the loss."""
+    cfg = make_config("gmpo", is_correction=correction, is_cap=3.0, is_cap_low=0.5)
+    for bridge in (interop.trl_kwargs, lambda c: interop.to_trl(c, output_dir="unused")):
+        with pytest.raises(NotImplementedError, match=f"is_correction='{correction}' with loss_mode='gmpo'"):
+            bridge(cfg)
+
+
+def test_trls_sequence_level_cannot_take_token_weights_as_gspo_token(tok, base_model, rollout_batch, tmp_path):
+    """Why ``to_trl`` refuses GSPO-token with a token-level correction: TRL's "sequence" level (which ``to_trl``
+    writes for GSPO-token) computes one term per sequence and multiplies it by the token weights afterwards, so
+    each token's gradient is the row's mean weight times the sequence ratio's gradient; minirl's GSPO-token weights
+    each token's own term. On-policy the values agree, mean_i -A_i mean_t w_t; the gradients do not."""
+    cfg = make_config("gspo_token", prompts_per_step=1, group_size=2, num_minibatches=1, max_new_tokens=16)
+    model_t, model_m = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    trainer = grpo_trainer(model_t, tok, cfg, tmp_path)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # GRPOTrainer then applies the weights
+    inputs = _two_rows_on_policy(rollout_batch)
+    mask = inputs["completion_mask"].float()
+    weights = (0.5 + 1.5 * (torch.arange(mask.shape[1]) % 3 == 0)).expand(mask.shape) * mask  # 2, .5, .5, 2, ...
+    # row means 1.25 (4 tokens) and 1.0625 (8): loss (-1.25 + 1.0625) / 2 = -0.09375 in both engines
+    loss_t = trainer.compute_loss(model_t, {**inputs, "importance_sampling_ratio": weights})
+    loss_t.backward()
+    P = inputs["prompt_ids"].shape[1]
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    logprobs = rollout.token_logprobs(model_m, ids, torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), P)
+    loss_m, _ = losses.policy_loss(logprobs, logprobs.detach(), inputs["advantages"], mask, level="sequence-token",
+                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg, is_weights=weights)
+    loss_m.backward()
+    gdiff = max(float((p.grad - q.grad).abs().max()) for p, q in zip(model_t.parameters(), model_m.parameters(),
+                                                                     strict=True))
+    gscale = max(float(q.grad.abs().max()) for q in model_m.parameters())
+    print(f"GSPO-token, token weights: loss TRL {float(loss_t):.6f} minirl {float(loss_m):.6f}; max |grad gap| "
+          f"{gdiff:.2e} (max |grad| {gscale:.2e})")
+    assert float(loss_t) == pytest.approx(-0.09375, abs=TOL) and float(loss_m) == pytest.approx(-0.09375, abs=TOL)
+    assert gdiff > 0.05 * gscale
+    for correction in ("token_tis", "token_mis"):
+        with pytest.raises(NotImplementedError, match=f"is_correction='{correction}' with level='sequence-token'"):
+            interop.trl_kwargs(make_config("gspo_token", is_correction=correction, is_cap_low=0.5))
+    interop.trl_kwargs(make_config("gspo_token", is_correction="seq_tis"))  # one weight per row: GSPO's, maps
+
