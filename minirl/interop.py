@@ -69,6 +69,16 @@ def _simulated_sampler(cfg: RLConfig) -> None:
                        "keep the importance correction (is_correction) and drop the dials")
 
 
+def _no_token_weights_on_sequence_terms(cfg: RLConfig) -> None:
+    """ValueError for a token-level sampler correction with a loss of one term per sequence (GSPO, GMPO): there is
+    no token term to weigh, and minirl's ``policy_loss`` takes only (B,) weights there. An invalid config, so it is
+    refused before any mapping; once ``RLConfig.validate`` holds this rule, this check can go."""
+    loss = "loss_mode='gmpo'" if cfg.loss_mode == "gmpo" else "level='sequence'" if cfg.level == "sequence" else ""
+    if loss and cfg.is_correction in ("token_tis", "token_mis"):
+        raise ValueError(f"is_correction={cfg.is_correction!r} weighs each token, but {loss} has one term per "
+                         f"sequence: use is_correction='seq_tis' or 'seq_mis'")
+
+
 def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:
     """Rows per generation, per optimiser step and per forward of one rollout, and per device of each forward."""
     if not isinstance(num_processes, int) or num_processes < 1:
@@ -142,12 +152,14 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
             than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline, pi_old="naive",
             is_seq_form="geomean" with a sequence correction, is_correction with loss_mode="gmpo", token_tis /
             token_mis with level="sequence-token".
-        ValueError: for an invalid config, a name in ``without`` that is not droppable, a micro-batch that does
-            not divide the minibatch, or num_processes that is not a positive int dividing the micro-batch.
+        ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included),
+            a name in ``without`` that is not droppable, a micro-batch that does not divide the minibatch, or
+            num_processes that is not a positive int dividing the micro-batch.
 
     Source: TRL 1.16 ``trl/trainer/grpo_config.py`` and ``GRPOTrainer._compute_loss``.
     """
     cfg.validate()
+    _no_token_weights_on_sequence_terms(cfg)
     unknown = set(without) - set(DROPPABLE)
     if unknown:
         raise ValueError(f"without= may name only {DROPPABLE}, got {sorted(unknown)}")
@@ -507,13 +519,14 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
             the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
             is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low.
-        ValueError: for an invalid config.
+        ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included).
 
     Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
     ``verl/experimental/reward_loop/reward_manager/dapo.py``, ``verl/trainer/ppo/core_algos.py``,
     ``verl/trainer/config/algorithm/rollout_correction.yaml``, ``verl/trainer/ppo/rollout_corr_helper.py``.
     """
     cfg.validate()
+    _no_token_weights_on_sequence_terms(cfg)
     _simulated_sampler(cfg)
     if cfg.routing_replay:
         raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="

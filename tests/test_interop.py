@@ -827,3 +827,15 @@ def test_trls_sequence_level_cannot_take_token_weights_as_gspo_token(tok, base_m
             interop.trl_kwargs(make_config("gspo_token", is_correction=correction, is_cap_low=0.5))
     interop.trl_kwargs(make_config("gspo_token", is_correction="seq_tis"))  # one weight per row: GSPO's, maps
 
+
+@pytest.mark.parametrize("algo, loss", [("gspo", "sequence"), ("gmpo", "gmpo")])
+@pytest.mark.parametrize("correction", ["token_tis", "token_mis"])
+def test_token_corrections_with_a_one_term_per_sequence_loss_are_never_mapped(algo, loss, correction):
+    """A loss with one term per sequence has no token to weigh (minirl's policy_loss raises on (B, T) weights): no
+    bridge maps the combination. ValueError, as for any invalid config (from validate once it holds the rule)."""
+    bridges = {"trl_kwargs": interop.trl_kwargs, "to_trl": lambda c: interop.to_trl(c, output_dir="unused"),
+               "verl_overrides": interop.verl_overrides, "to_verl": interop.to_verl}
+    for name, bridge in bridges.items():
+        with pytest.raises(ValueError, match="is_correction") as err:
+            bridge(make_config(algo, is_correction=correction, is_cap_low=0.5))
+        assert correction in str(err.value) and loss in str(err.value), (name, str(err.value))
