@@ -145,13 +145,13 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
 
     Raises:
         NotImplementedError: naming the first switch of ``cfg`` that TRL 1.16's GRPOTrainer lacks: advantage="gae"
-            (critic), KL in the reward, a KL estimator other than k3 in the loss, adaptive_kl, routing_replay,
-            dynamic_sampling / overlong_shaping (unless in ``without``), adv_eps other than 1e-4,
-            level="sequence-token" with an aggregation other than seq-mean-token-mean, GSPO with another
-            aggregation, dual_clip <= 1 + eps_high, two-sided CISPO, CISPO other than token-mean, SAPO other
-            than seq-mean-token-mean, advantage rloo / reinforce_pp / reinforce_pp_baseline, pi_old="naive",
-            is_seq_form="geomean" with a sequence correction, is_correction with loss_mode="gmpo", token_tis /
-            token_mis with level="sequence-token".
+            (a critic: TRL 1.16 has no PPO trainer, neither in trl nor in trl.experimental), KL in the reward, a
+            KL estimator other than k3 in the loss, adaptive_kl, routing_replay, dynamic_sampling /
+            overlong_shaping (unless in ``without``), adv_eps other than 1e-4, level="sequence-token" with an
+            aggregation other than seq-mean-token-mean, GSPO with another aggregation, dual_clip <= 1 + eps_high,
+            two-sided CISPO, CISPO other than token-mean, SAPO other than seq-mean-token-mean, advantage rloo /
+            reinforce_pp / reinforce_pp_baseline, pi_old="naive", is_seq_form="geomean" with a sequence
+            correction, is_correction with loss_mode="gmpo", token_tis / token_mis with level="sequence-token".
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included),
             a name in ``without`` that is not droppable, a micro-batch that does not divide the minibatch, or
             num_processes that is not a positive int dividing the micro-batch.
@@ -164,8 +164,8 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     if unknown:
         raise ValueError(f"without= may name only {DROPPABLE}, got {sorted(unknown)}")
     if cfg.advantage == "gae":
-        raise _missing("advantage='gae'", "GRPOTrainer has no critic or GAE",
-                       "TRL's PPOTrainer (trl.experimental.ppo) is a different loop, not mapped here")
+        raise _missing("advantage='gae'", "GRPOTrainer has no critic or GAE, and TRL 1.16 ships no PPO trainer",
+                       "verl runs the critic: to_verl maps advantage='gae'")
     if cfg.advantage in _TRL_GRPO_LACKS:
         raise _missing(f"advantage={cfg.advantage!r}", _TRL_GRPO_LACKS[cfg.advantage])
     if cfg.beta > 0 and cfg.kl_placement == "reward":

@@ -839,3 +839,15 @@ def test_token_corrections_with_a_one_term_per_sequence_loss_are_never_mapped(al
         with pytest.raises(ValueError, match="is_correction") as err:
             bridge(make_config(algo, is_correction=correction, is_cap_low=0.5))
         assert correction in str(err.value) and loss in str(err.value), (name, str(err.value))
+
+
+def test_the_critic_refusal_points_to_what_the_installed_trl_has():
+    """TRL 1.16 ships no PPO trainer (neither ``trl.PPOTrainer`` nor ``trl.experimental.ppo``): the refusal of
+    advantage='gae' must not send a reader there, but to verl, which ``to_verl`` maps with its critic."""
+    import importlib.util
+
+    assert not hasattr(trl, "PPOTrainer") and importlib.util.find_spec("trl.experimental.ppo") is None
+    with pytest.raises(NotImplementedError, match="advantage='gae'") as err:
+        interop.trl_kwargs(make_config("ppo"))
+    assert "PPOTrainer" not in str(err.value) and "to_verl" in str(err.value), str(err.value)
+    assert "algorithm.adv_estimator=gae" in interop.verl_overrides(make_config("ppo"))
