@@ -566,20 +566,64 @@ def test_engine_equivalents_name_every_preset_in_both_engines():
     dapo = set(interop.verl_overrides(make_config("dapo")))
     assert {o for o in dapo if "reward" in o} <= set(table["dapo"]["verl"].split()), table["dapo"]["verl"]
     assert "+reward.reward_kwargs.overlong_buffer_cfg.enable=True" in table["dapo"]["verl"].split()
+#: Every GRPOConfig field of TRL 1.16 that ``trl_kwargs`` does not set, reviewed: it does not change what
+#: ``to_trl(cfg)`` computes (why, in a few words). The test below fails when the installed TRL has a field in neither
+#: this nor ``trl_kwargs`` (minirl/interop/trl.py pins the fields that matter in ``_TRL_FIXED``).
+_UNPINNED_BY_REASON = {  # reason: the fields, space-separated
+    "inert: only for loss_type sapo / vespo": "sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
+        "vespo_lambda_pos vespo_k_neg vespo_lambda_neg",
+    "inert: use_adaptive_entropy=False": "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target",
+    "inert: sync_ref_model=False": "ref_model_mixup_alpha ref_model_sync_steps",
+    "inert with vllm_importance_sampling_correction=False; set by trl_kwargs for is_correction": "vllm_importance_"
+        "sampling_mode vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min",
+    "deprecated alias of vllm_importance_sampling_clip_max (which trl_kwargs sets)": "vllm_importance_sampling_cap",
+    "generation engine: where vLLM runs, not what it samples": "vllm_mode vllm_model_impl vllm_enable_sleep_mode "
+        "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
+        "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size",
+    "generation speed / memory": "use_transformers_continuous_batching transformers_continuous_batching_config "
+        "use_transformers_paged cache_implementation ds3_gather_for_generation use_cache",
+    "evaluation only": "num_generations_eval per_device_eval_batch_size eval_strategy eval_steps eval_delay "
+        "prediction_loss_only eval_on_start eval_do_concat_batches eval_use_gather_object eval_accumulation_steps "
+        "include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval do_eval do_predict",
+    "conversational prompts / tools, out of scope": "chat_template_kwargs max_tool_calling_iterations",
+    "model loading: the caller passes the model": "model_init_kwargs trust_remote_code",
+    "logging": "log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo "
+        "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "
+        "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name project "
+        "trackio_space_id trackio_bucket_id trackio_static_space_id skip_memory_metrics debug",
+    "saving / resuming": "output_dir save_only_model save_strategy save_steps save_on_each_node save_total_limit "
+        "enable_jit_checkpoint load_best_model_at_end metric_for_best_model greater_is_better ignore_data_skip "
+        "restore_callback_states_from_checkpoint resume_from_checkpoint do_train",
+    "hub": "push_to_hub hub_token hub_private_repo hub_model_id hub_strategy hub_always_push hub_revision",
+    "devices and sharding: the caller's hardware, not the objective": "use_cpu accelerator_config "
+        "parallelism_config fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb "
+        "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout local_rank tf32",
+    "memory / speed (same objective)": "activation_checkpointing activation_checkpointing_kwargs "
+        "gradient_checkpointing gradient_checkpointing_kwargs torch_compile torch_compile_backend torch_compile_mode "
+        "torch_empty_cache_steps optim_target_modules liger_kernel_config full_determinism",
+    "data loading mechanics": "dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
+        "dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order label_names "
+        "length_column_name",
+    "overridden: max_steps is pinned": "num_train_epochs",
+    "unused: GRPOTrainer's compute_loss makes its own normaliser": "average_tokens_across_devices",
+}
+TRL_UNPINNED = {name: why for why, names in _UNPINNED_BY_REASON.items() for name in names.split()}
+
+
 def test_every_grpoconfig_field_is_pinned_or_reviewed():
     """The installed TRL's GRPOConfig (TrainingArguments included) has no field that to_trl leaves to TRL's
     default without a reviewed reason: each is either set by trl_kwargs (what minirl computes) or listed in
-    interop.TRL_UNPINNED (logging, saving, hub, devices, inert settings...). A new TRL field fails this test
+    TRL_UNPINNED (logging, saving, hub, devices, inert settings...). A new TRL field fails this test
     until someone decides which list it belongs to."""
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     for algo, without in [("grpo", ()), ("dr_grpo", ()), ("gspo", ()), ("dapo", interop.DROPPABLE)]:
         pinned = set(interop.trl_kwargs(make_config(algo), without=without))
-        assert not pinned & set(interop.TRL_UNPINNED), sorted(pinned & set(interop.TRL_UNPINNED))
-        unreviewed = names - pinned - set(interop.TRL_UNPINNED)
+        assert not pinned & set(TRL_UNPINNED), sorted(pinned & set(TRL_UNPINNED))
+        unreviewed = names - pinned - set(TRL_UNPINNED)
         assert not unreviewed, f"GRPOConfig fields neither pinned by to_trl nor reviewed: {sorted(unreviewed)}"
-    assert not set(interop.TRL_UNPINNED) - names  # no stale entry
+    assert not set(TRL_UNPINNED) - names  # no stale entry
 
 
 def test_pinned_fields_reach_grpoconfig(tmp_path):
@@ -693,14 +737,16 @@ def test_verl_names_the_same_estimators(algo, estimator):
 
 
 def test_rloo_config_gets_every_pinned_field_it_has():
-    """RLOOConfig shares GRPOConfig's pinned settings except the ones it does not have (interop._GRPO_ONLY)."""
+    """RLOOConfig shares GRPOConfig's pinned settings except the ones it does not have (_GRPO_ONLY)."""
     import dataclasses
 
+    from minirl.interop.trl import _GRPO_ONLY, _TRL_FIXED  # the TRL bridge's own tables, not re-exported
+
     rloo_fields = {f.name for f in dataclasses.fields(trl.RLOOConfig)}
-    assert set(interop._GRPO_ONLY) == set(interop._TRL_FIXED) - rloo_fields
+    assert set(_GRPO_ONLY) == set(_TRL_FIXED) - rloo_fields
     kw = interop.rloo_trl_kwargs(make_config("rloo"))
-    assert {k: kw[k] for k in set(interop._TRL_FIXED) & rloo_fields} == \
-        {k: interop._TRL_FIXED[k] for k in set(interop._TRL_FIXED) & rloo_fields}
+    shared = set(_TRL_FIXED) & rloo_fields
+    assert {k: kw[k] for k in shared} == {k: _TRL_FIXED[k] for k in shared}
 def test_rloo_loss_and_gradient_match_trls_rlootrainer_on_policy(tok, base_model, rollout_batch, tmp_path):
     """One on-policy step: TRL's sequence-ratio loss -mean_i min(rho_i A_i, clip(rho_i) A_i) with rho_i = 1 has the
     gradient -1/B sum_i A_i grad sum_t log pi_t, minirl's rloo preset (token ratios, seq-mean-token-sum)."""
