@@ -874,7 +874,7 @@ def test_trls_sequence_level_cannot_take_token_weights_as_gspo_token(tok, base_m
     interop.trl_kwargs(make_config("gspo_token", is_correction="seq_tis"))  # one weight per row: GSPO's, maps
 
 
-@pytest.mark.parametrize("algo, loss", [("gspo", "sequence"), ("gmpo", "gmpo")])
+@pytest.mark.parametrize("algo, loss", [("gspo", ("sequence", "gspo")), ("gmpo", ("gmpo",))])
 @pytest.mark.parametrize("correction", ["token_tis", "token_mis"])
 def test_token_corrections_with_a_one_term_per_sequence_loss_are_never_mapped(algo, loss, correction):
     """A loss with one term per sequence has no token to weigh (minirl's policy_loss raises on (B, T) weights): no
@@ -884,7 +884,8 @@ def test_token_corrections_with_a_one_term_per_sequence_loss_are_never_mapped(al
     for name, bridge in bridges.items():
         with pytest.raises(ValueError, match="is_correction") as err:
             bridge(make_config(algo, is_correction=correction, is_cap_low=0.5))
-        assert correction in str(err.value) and loss in str(err.value), (name, str(err.value))
+        message = str(err.value).lower()
+        assert correction in message and any(word in message for word in loss), (name, message)
 
 
 def test_the_critic_refusal_points_to_what_the_installed_trl_has():
