@@ -358,12 +358,13 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
 
         return RLOOConfig(**{**rloo_trl_kwargs(cfg, num_processes=num_processes), **trl_args})
     if isinstance(cfg, RLConfig):
+        kwargs = trl_kwargs(cfg, without, num_processes=num_processes)  # refuses before TRL is imported
         if cfg.loss_mode == "gmpo":
             from trl.experimental.gmpo import GMPOConfig as Config  # trainer: trl.experimental.gmpo.GMPOTrainer
         else:
             from trl import GRPOConfig as Config
 
-        return Config(**{**trl_kwargs(cfg, without, num_processes=num_processes), **trl_args})
+        return Config(**{**kwargs, **trl_args})
     if isinstance(cfg, PrefConfig):
         if without or num_processes != 1:
             raise ValueError("without= and num_processes= apply to an RLConfig only")
