@@ -79,7 +79,10 @@ YEAR = re.compile(r"\b(19|20)\d\d\b")
 def sources() -> list[tuple[str, str, str]]:
     """(module, function, source text) for each public top-level function or class with a ``Source:`` line."""
     out = []
-    for path in sorted((ROOT / "minirl").glob("*.py")):
+    # the engine bridge is a subpackage whose functions a reader calls as interop.NAME (its __init__ re-exports them)
+    paths = sorted((ROOT / "minirl").glob("*.py")) + sorted((ROOT / "minirl" / "interop").glob("*.py"))
+    for path in paths:
+        module = "interop" if path.parent.name == "interop" else path.stem
         tree = ast.parse(path.read_text())
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
@@ -87,7 +90,7 @@ def sources() -> list[tuple[str, str, str]]:
             doc = ast.get_docstring(node) or ""
             m = re.search(r"^Source:\s*(.+?)(?:\n\s*\n|\Z)", doc, re.S | re.M)
             if m:
-                out.append((path.stem, node.name, " ".join(m.group(1).split())))
+                out.append((module, node.name, " ".join(m.group(1).split())))
     return out
 
 

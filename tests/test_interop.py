@@ -22,7 +22,7 @@ trl = pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.
 
 import datasets  # noqa: E402
 
-from minirl import interop, models, rewards, rl, rollout  # noqa: E402
+from minirl import interop, losses, models, rewards, rl, rollout  # noqa: E402
 from minirl.advantages import group_advantages  # noqa: E402
 from minirl.config import ALGORITHMS, make_config  # noqa: E402
 from minirl.preference_loop import PrefConfig, encode_completions, preference_kto_loss, preference_pair_loss  # noqa: E402
@@ -566,20 +566,64 @@ def test_engine_equivalents_name_every_preset_in_both_engines():
     dapo = set(interop.verl_overrides(make_config("dapo")))
     assert {o for o in dapo if "reward" in o} <= set(table["dapo"]["verl"].split()), table["dapo"]["verl"]
     assert "+reward.reward_kwargs.overlong_buffer_cfg.enable=True" in table["dapo"]["verl"].split()
+#: Every GRPOConfig field of TRL 1.16 that ``trl_kwargs`` does not set, reviewed: it does not change what
+#: ``to_trl(cfg)`` computes (why, in a few words). The test below fails when the installed TRL has a field in neither
+#: this nor ``trl_kwargs`` (minirl/interop/trl.py pins the fields that matter in ``_TRL_FIXED``).
+_UNPINNED_BY_REASON = {  # reason: the fields, space-separated
+    "inert: only for loss_type sapo / vespo": "sapo_temperature_neg sapo_temperature_pos vespo_k_pos "
+        "vespo_lambda_pos vespo_k_neg vespo_lambda_neg",
+    "inert: use_adaptive_entropy=False": "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target",
+    "inert: sync_ref_model=False": "ref_model_mixup_alpha ref_model_sync_steps",
+    "inert with vllm_importance_sampling_correction=False; set by trl_kwargs for is_correction": "vllm_importance_"
+        "sampling_mode vllm_importance_sampling_clip_max vllm_importance_sampling_clip_min",
+    "deprecated alias of vllm_importance_sampling_clip_max (which trl_kwargs sets)": "vllm_importance_sampling_cap",
+    "generation engine: where vLLM runs, not what it samples": "vllm_mode vllm_model_impl vllm_enable_sleep_mode "
+        "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
+        "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size",
+    "generation speed / memory": "use_transformers_continuous_batching transformers_continuous_batching_config "
+        "use_transformers_paged cache_implementation ds3_gather_for_generation use_cache",
+    "evaluation only": "num_generations_eval per_device_eval_batch_size eval_strategy eval_steps eval_delay "
+        "prediction_loss_only eval_on_start eval_do_concat_batches eval_use_gather_object eval_accumulation_steps "
+        "include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval do_eval do_predict",
+    "conversational prompts / tools, out of scope": "chat_template_kwargs max_tool_calling_iterations",
+    "model loading: the caller passes the model": "model_init_kwargs trust_remote_code",
+    "logging": "log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo "
+        "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "
+        "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name project "
+        "trackio_space_id trackio_bucket_id trackio_static_space_id skip_memory_metrics debug",
+    "saving / resuming": "output_dir save_only_model save_strategy save_steps save_on_each_node save_total_limit "
+        "enable_jit_checkpoint load_best_model_at_end metric_for_best_model greater_is_better ignore_data_skip "
+        "restore_callback_states_from_checkpoint resume_from_checkpoint do_train",
+    "hub": "push_to_hub hub_token hub_private_repo hub_model_id hub_strategy hub_always_push hub_revision",
+    "devices and sharding: the caller's hardware, not the objective": "use_cpu accelerator_config "
+        "parallelism_config fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb "
+        "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout local_rank tf32",
+    "memory / speed (same objective)": "activation_checkpointing activation_checkpointing_kwargs "
+        "gradient_checkpointing gradient_checkpointing_kwargs torch_compile torch_compile_backend torch_compile_mode "
+        "torch_empty_cache_steps optim_target_modules liger_kernel_config full_determinism",
+    "data loading mechanics": "dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
+        "dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order label_names "
+        "length_column_name",
+    "overridden: max_steps is pinned": "num_train_epochs",
+    "unused: GRPOTrainer's compute_loss makes its own normaliser": "average_tokens_across_devices",
+}
+TRL_UNPINNED = {name: why for why, names in _UNPINNED_BY_REASON.items() for name in names.split()}
+
+
 def test_every_grpoconfig_field_is_pinned_or_reviewed():
     """The installed TRL's GRPOConfig (TrainingArguments included) has no field that to_trl leaves to TRL's
     default without a reviewed reason: each is either set by trl_kwargs (what minirl computes) or listed in
-    interop.TRL_UNPINNED (logging, saving, hub, devices, inert settings...). A new TRL field fails this test
+    TRL_UNPINNED (logging, saving, hub, devices, inert settings...). A new TRL field fails this test
     until someone decides which list it belongs to."""
     import dataclasses
 
     names = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
     for algo, without in [("grpo", ()), ("dr_grpo", ()), ("gspo", ()), ("dapo", interop.DROPPABLE)]:
         pinned = set(interop.trl_kwargs(make_config(algo), without=without))
-        assert not pinned & set(interop.TRL_UNPINNED), sorted(pinned & set(interop.TRL_UNPINNED))
-        unreviewed = names - pinned - set(interop.TRL_UNPINNED)
+        assert not pinned & set(TRL_UNPINNED), sorted(pinned & set(TRL_UNPINNED))
+        unreviewed = names - pinned - set(TRL_UNPINNED)
         assert not unreviewed, f"GRPOConfig fields neither pinned by to_trl nor reviewed: {sorted(unreviewed)}"
-    assert not set(interop.TRL_UNPINNED) - names  # no stale entry
+    assert not set(TRL_UNPINNED) - names  # no stale entry
 
 
 def test_pinned_fields_reach_grpoconfig(tmp_path):
@@ -693,14 +737,16 @@ def test_verl_names_the_same_estimators(algo, estimator):
 
 
 def test_rloo_config_gets_every_pinned_field_it_has():
-    """RLOOConfig shares GRPOConfig's pinned settings except the ones it does not have (interop._GRPO_ONLY)."""
+    """RLOOConfig shares GRPOConfig's pinned settings except the ones it does not have (_GRPO_ONLY)."""
     import dataclasses
 
+    from minirl.interop.trl import _GRPO_ONLY, _TRL_FIXED  # the TRL bridge's own tables, not re-exported
+
     rloo_fields = {f.name for f in dataclasses.fields(trl.RLOOConfig)}
-    assert set(interop._GRPO_ONLY) == set(interop._TRL_FIXED) - rloo_fields
+    assert set(_GRPO_ONLY) == set(_TRL_FIXED) - rloo_fields
     kw = interop.rloo_trl_kwargs(make_config("rloo"))
-    assert {k: kw[k] for k in set(interop._TRL_FIXED) & rloo_fields} == \
-        {k: interop._TRL_FIXED[k] for k in set(interop._TRL_FIXED) & rloo_fields}
+    shared = set(_TRL_FIXED) & rloo_fields
+    assert {k: kw[k] for k in shared} == {k: _TRL_FIXED[k] for k in shared}
 def test_rloo_loss_and_gradient_match_trls_rlootrainer_on_policy(tok, base_model, rollout_batch, tmp_path):
     """One on-policy step: TRL's sequence-ratio loss -mean_i min(rho_i A_i, clip(rho_i) A_i) with rho_i = 1 has the
     gradient -1/B sum_i A_i grad sum_t log pi_t, minirl's rloo preset (token ratios, seq-mean-token-sum)."""
@@ -748,3 +794,107 @@ def test_the_simulated_sampler_has_no_engine_equivalent():
             interop.to_trl(cfg, output_dir="unused")
         with pytest.raises(NotImplementedError, match="sampler_dtype"):
             interop.to_verl(cfg)
+
+
+# ------------------------------------------------------------------------------------------------ sampler corrections
+def _two_rows_on_policy(batch):
+    """Rows 0 and 1 of the scripted rollout ("3#3", "1+2=3#3") as TRL's inputs, advantages [+1, -1], no
+    old_per_token_logps (TRL then takes the current log-probs, detached: every ratio is 1)."""
+    rows = torch.tensor([0, 1])
+    return dict(prompt_ids=batch["prompt_ids"][rows], prompt_mask=batch["prompt_mask"][rows],
+                completion_ids=batch["completion_ids"][rows], completion_mask=batch["mask"][rows].long(),
+                advantages=torch.tensor([1.0, -1.0]), num_items_in_batch=batch["mask"][rows].sum())
+
+
+def test_trls_gmpo_trainer_ignores_the_sampler_weights(tok, base_model, rollout_batch, tmp_path):
+    """Why ``to_trl`` refuses GMPO with a sampler correction: TRL 1.16's ``GMPOTrainer._compute_loss`` replaces
+    ``GRPOTrainer._compute_loss``, the only place that multiplies the loss by ``inputs["importance_sampling_ratio"]``,
+    and never reads it. Two rows on-policy, A = [+1, -1], sequence weights [0.5, 2.0]: minirl's GMPO loss is
+    mean(-w_i A_i) = (-0.5 + 2.0) / 2 = 0.75; TRL's is -mean(A_i) = 0 with the weights or without them. If a later
+    TRL applies them, this test fails and the refusal can go."""
+    cfg = make_config("gmpo", prompts_per_step=1, group_size=2, num_minibatches=1, max_new_tokens=16)
+    trainer = grpo_trainer(copy.deepcopy(base_model), tok, cfg, tmp_path)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # what GRPOTrainer's own check reads
+    inputs = _two_rows_on_policy(rollout_batch)
+    weights = torch.tensor([0.5, 2.0])
+    with torch.no_grad():
+        trl_plain = float(trainer.compute_loss(trainer.model, inputs))
+        trl_weighted = float(trainer.compute_loss(trainer.model, {**inputs, "importance_sampling_ratio":
+                                                                  weights.unsqueeze(1)}))
+    mask = inputs["completion_mask"].double()
+    logprobs = torch.full(mask.shape, -1.0, dtype=torch.float64) * mask  # on-policy: the values do not matter
+    ours, _ = losses.policy_loss(logprobs, logprobs, inputs["advantages"].double(), mask, loss_mode="gmpo",
+                                 eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg, is_weights=weights.double())
+    print(f"GMPO with sequence weights [0.5, 2.0]: minirl {float(ours):.4f}, TRL {trl_weighted:.4f} "
+          f"(TRL without them {trl_plain:.4f})")
+    assert float(ours) == pytest.approx(0.75, abs=1e-12)
+    assert trl_weighted == pytest.approx(0.0, abs=TOL) and trl_plain == pytest.approx(0.0, abs=TOL)
+
+
+@pytest.mark.parametrize("correction", ["seq_tis", "seq_mis"])
+def test_gmpo_with_a_sampler_correction_is_refused_for_trl(correction):
+    """The run would train uncorrected in TRL (test above): to_trl refuses, naming is_correction and the loss."""
+    cfg = make_config("gmpo", is_correction=correction, is_cap=3.0, is_cap_low=0.5)
+    for bridge in (interop.trl_kwargs, lambda c: interop.to_trl(c, output_dir="unused")):
+        with pytest.raises(NotImplementedError, match=f"is_correction='{correction}' with loss_mode='gmpo'"):
+            bridge(cfg)
+
+
+def test_trls_sequence_level_cannot_take_token_weights_as_gspo_token(tok, base_model, rollout_batch, tmp_path):
+    """Why ``to_trl`` refuses GSPO-token with a token-level correction: TRL's "sequence" level (which ``to_trl``
+    writes for GSPO-token) computes one term per sequence and multiplies it by the token weights afterwards, so
+    each token's gradient is the row's mean weight times the sequence ratio's gradient; minirl's GSPO-token weights
+    each token's own term. On-policy the values agree, mean_i -A_i mean_t w_t; the gradients do not."""
+    cfg = make_config("gspo_token", prompts_per_step=1, group_size=2, num_minibatches=1, max_new_tokens=16)
+    model_t, model_m = copy.deepcopy(base_model), copy.deepcopy(base_model)
+    trainer = grpo_trainer(model_t, tok, cfg, tmp_path)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # GRPOTrainer then applies the weights
+    inputs = _two_rows_on_policy(rollout_batch)
+    mask = inputs["completion_mask"].float()
+    weights = (0.5 + 1.5 * (torch.arange(mask.shape[1]) % 3 == 0)).expand(mask.shape) * mask  # 2, .5, .5, 2, ...
+    # row means 1.25 (4 tokens) and 1.0625 (8): loss (-1.25 + 1.0625) / 2 = -0.09375 in both engines
+    loss_t = trainer.compute_loss(model_t, {**inputs, "importance_sampling_ratio": weights})
+    loss_t.backward()
+    P = inputs["prompt_ids"].shape[1]
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    logprobs = rollout.token_logprobs(model_m, ids, torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1), P)
+    loss_m, _ = losses.policy_loss(logprobs, logprobs.detach(), inputs["advantages"], mask, level="sequence-token",
+                                   eps_low=cfg.eps_low, eps_high=cfg.eps_high, agg=cfg.agg, is_weights=weights)
+    loss_m.backward()
+    gdiff = max(float((p.grad - q.grad).abs().max()) for p, q in zip(model_t.parameters(), model_m.parameters(),
+                                                                     strict=True))
+    gscale = max(float(q.grad.abs().max()) for q in model_m.parameters())
+    print(f"GSPO-token, token weights: loss TRL {float(loss_t):.6f} minirl {float(loss_m):.6f}; max |grad gap| "
+          f"{gdiff:.2e} (max |grad| {gscale:.2e})")
+    assert float(loss_t) == pytest.approx(-0.09375, abs=TOL) and float(loss_m) == pytest.approx(-0.09375, abs=TOL)
+    assert gdiff > 0.05 * gscale
+    for correction in ("token_tis", "token_mis"):
+        with pytest.raises(NotImplementedError, match=f"is_correction='{correction}' with level='sequence-token'"):
+            interop.trl_kwargs(make_config("gspo_token", is_correction=correction, is_cap_low=0.5))
+    interop.trl_kwargs(make_config("gspo_token", is_correction="seq_tis"))  # one weight per row: GSPO's, maps
+
+
+@pytest.mark.parametrize("algo, loss", [("gspo", ("sequence", "gspo")), ("gmpo", ("gmpo",))])
+@pytest.mark.parametrize("correction", ["token_tis", "token_mis"])
+def test_token_corrections_with_a_one_term_per_sequence_loss_are_never_mapped(algo, loss, correction):
+    """A loss with one term per sequence has no token to weigh (minirl's policy_loss raises on (B, T) weights): no
+    bridge maps the combination. ValueError, as for any invalid config (from validate once it holds the rule)."""
+    bridges = {"trl_kwargs": interop.trl_kwargs, "to_trl": lambda c: interop.to_trl(c, output_dir="unused"),
+               "verl_overrides": interop.verl_overrides, "to_verl": interop.to_verl}
+    for name, bridge in bridges.items():
+        with pytest.raises(ValueError, match="is_correction") as err:
+            bridge(make_config(algo, is_correction=correction, is_cap_low=0.5))
+        message = str(err.value).lower()
+        assert correction in message and any(word in message for word in loss), (name, message)
+
+
+def test_the_critic_refusal_points_to_what_the_installed_trl_has():
+    """TRL 1.16 ships no PPO trainer (neither ``trl.PPOTrainer`` nor ``trl.experimental.ppo``): the refusal of
+    advantage='gae' must not send a reader there, but to verl, which ``to_verl`` maps with its critic."""
+    import importlib.util
+
+    assert not hasattr(trl, "PPOTrainer") and importlib.util.find_spec("trl.experimental.ppo") is None
+    with pytest.raises(NotImplementedError, match="advantage='gae'") as err:
+        interop.trl_kwargs(make_config("ppo"))
+    assert "PPOTrainer" not in str(err.value) and "to_verl" in str(err.value), str(err.value)
+    assert "algorithm.adv_estimator=gae" in interop.verl_overrides(make_config("ppo"))

@@ -1,0 +1,44 @@
+"""What both bridges check before they map a config: the simulated sampler, the layout of one rollout, and a
+token-level correction on a loss of one term per sequence; and the NotImplementedError every refusal raises."""
+
+from __future__ import annotations
+
+from ..config import RLConfig
+
+
+def _missing(switch: str, why: str, hint: str = "") -> NotImplementedError:
+    return NotImplementedError(f"{switch}: {why}" + (f"; {hint}" if hint else ""))
+
+
+def _simulated_sampler(cfg: RLConfig) -> None:
+    """minirl's sampler dials simulate an inference engine; an engine's sampler is a real one (vLLM, SGLang)."""
+    if cfg.sampler_dtype != "float32" or cfg.sampler_logit_noise or cfg.sampler_router_noise:
+        raise _missing("sampler_dtype / sampler_logit_noise / sampler_router_noise",
+                       "they simulate an inference engine's mismatch; in an engine the sampler is the engine itself",
+                       "keep the importance correction (is_correction) and drop the dials")
+
+
+def _no_token_weights_on_sequence_terms(cfg: RLConfig) -> None:
+    """ValueError for a token-level sampler correction with a loss of one term per sequence (GSPO, GMPO): there is
+    no token term to weigh, and minirl's ``policy_loss`` takes only (B,) weights there. An invalid config, so it is
+    refused before any mapping; once ``RLConfig.validate`` holds this rule, this check can go."""
+    loss = "loss_mode='gmpo'" if cfg.loss_mode == "gmpo" else "level='sequence'" if cfg.level == "sequence" else ""
+    if loss and cfg.is_correction in ("token_tis", "token_mis"):
+        raise ValueError(f"is_correction={cfg.is_correction!r} weighs each token, but {loss} has one term per "
+                         f"sequence: use is_correction='seq_tis' or 'seq_mis'")
+
+
+def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:
+    """Rows per generation, per optimiser step and per forward of one rollout, and per device of each forward."""
+    if not isinstance(num_processes, int) or num_processes < 1:
+        raise ValueError(f"num_processes must be a positive int (the launch's GPU count), got {num_processes!r}")
+    rows = cfg.prompts_per_step * cfg.group_size  # B of one rollout
+    minibatch = rows // cfg.num_minibatches  # rows per optimiser step
+    micro = cfg.micro_batch_size or minibatch
+    if minibatch % micro:
+        raise ValueError(f"micro_batch_size={micro} must divide the minibatch of {minibatch} rows for TRL's "
+                         f"gradient accumulation")
+    if micro % num_processes:
+        raise ValueError(f"num_processes={num_processes} must divide the micro-batch of {micro} rows (one share each)")
+    return {"rows": rows, "minibatch": minibatch, "micro": micro, "accumulation": minibatch // micro,
+            "per_device": micro // num_processes}

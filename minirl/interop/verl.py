@@ -1,0 +1,159 @@
+"""minirl configs -> verl 0.9.1's command-line overrides (Hydra ``key=value``), for ``python -m verl.trainer.main_ppo``.
+
+verl is not installed: ``to_verl`` only writes text, option names checked against ``verl/trainer/config/*.yaml``
+of the 0.9.1 release on PyPI (tests/test_interop.py holds the names, copied from that release).
+"""
+
+from __future__ import annotations
+
+from ..config import RLConfig
+from ._common import _layout, _missing, _no_token_weights_on_sequence_terms, _simulated_sampler
+
+#: The verl tag whose option names ``to_verl`` writes.
+VERL_VERSION = "0.9.1"
+#: minirl RLConfig.advantage -> verl's algorithm.adv_estimator.
+_VERL_ESTIMATOR = {"gae": "gae", "group": "grpo", "rloo": "rloo", "reinforce_pp": "reinforce_plus_plus",
+                   "reinforce_pp_baseline": "reinforce_plus_plus_baseline"}
+
+
+def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
+    """verl 0.9.1 command-line overrides (Hydra ``key=value``) for an RLConfig, one string each.
+
+    Entry point: ``python -m verl.trainer.main_ppo`` for every preset (in 0.9 dynamic sampling is the main
+    trainer's ``algorithm.filter_groups`` and the overlong buffer the DAPO reward manager's ``reward.reward_kwargs``,
+    keys that the default config lacks, hence Hydra's ``+``). Batch sizes are in prompts, as verl counts them
+    (``ppo_mini_batch_size`` x ``rollout.n`` rows per optimiser step); ``num_processes`` GPUs of one node share
+    each micro-batch, as in ``trl_kwargs``: ``ppo_micro_batch_size_per_gpu`` = micro-batch / num_processes rows.
+
+    Differences verl's options cannot express, left as they are (say so when comparing runs): the group std is
+    divided with eps 1e-6 (minirl 1e-4); verl's k3 ("low_var_kl") output is clamped to [-10, 10]; its GSPO
+    log-ratio is clamped above at 10 (minirl continues exp linearly above 20 nats,
+    no clamp); verl's "gspo" loss is the GSPO-token form (s_i,t), equal to
+    GSPO for per-sequence advantages; vanilla PPO always applies dual-clip, so "no dual clip" is written as
+    clip_ratio_c=1e9. loss_mode cispo -> "cispo" (one-sided: clip_ratio_low=1.0), sapo -> "sapo" with
+    actor.tau_pos / tau_neg, gmpo -> "geo_mean" (clip_ratio_low / high are then its log-space bounds; the loss
+    averages over all rows). These names are the same in verl 0.7.0 and 0.9.1. The sampler correction
+    (``algorithm.rollout_correction``, verl 0.9.1 only): pi_old="naive" -> bypass_mode=True (old_log_probs = the
+    rollout's, verl's own PPO clip); token_tis / seq_tis -> rollout_is=token / sequence with rollout_is_threshold
+    = is_cap (truncation from above); token_mis / seq_mis -> the same with "is_cap_low_is_cap" (IcePop: weights
+    outside the bounds zeroed); the sequence weight is exp of the summed log-ratios (clamped at +-20 nats).
+    advantage rloo is the same estimator; reinforce_plus_plus(_baseline) whiten over the batch's TOKENS
+    (weighted by length, / sqrt(var + 1e-8)), minirl over its sequences (/ (std + adv_eps)): equal for one length.
+
+    Raises:
+        NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
+            places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
+            the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
+            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low.
+        ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included).
+
+    Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
+    ``verl/experimental/reward_loop/reward_manager/dapo.py``, ``verl/trainer/ppo/core_algos.py``,
+    ``verl/trainer/config/algorithm/rollout_correction.yaml``, ``verl/trainer/ppo/rollout_corr_helper.py``.
+    """
+    cfg.validate()
+    _no_token_weights_on_sequence_terms(cfg)
+    _simulated_sampler(cfg)
+    if cfg.routing_replay:
+        raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
+                       f"{'R3' if cfg.replay_source == 'sampler' else 'R2'} (Megatron and VeOmni engines only), "
+                       "not verified here against minirl's")
+    if cfg.router_aux_loss_coef > 0:
+        raise _missing("router_aux_loss_coef", "verl's MoE auxiliary loss is configured per model backend, not "
+                       "verified against minirl's moe.load_balancing_loss")
+    if cfg.overlong_filter:
+        raise _missing("overlong_filter", "verl 0.9 has no option that masks truncated completions in the loss")
+    if cfg.advantage == "group" and cfg.adv_scale == "batch":
+        raise _missing("adv_scale='batch'", "verl's GRPO divides by the group std or by nothing")
+    if cfg.level == "sequence" and cfg.agg != "seq-mean-token-mean":
+        raise _missing(f"level='sequence' with agg={cfg.agg!r}", "verl's gspo aggregates seq-mean-token-mean")
+    if cfg.loss_mode == "sapo" and cfg.agg != "seq-mean-token-mean":
+        raise _missing(f"loss_mode='sapo' with agg={cfg.agg!r}", "verl's sapo always aggregates seq-mean-token-mean")
+    loss_mode = {"cispo": "cispo", "sapo": "sapo", "gmpo": "geo_mean"}.get(
+        cfg.loss_mode, "vanilla" if cfg.level == "token" else "gspo")
+    # verl's cispo is two-sided clip(r, 1 - low, 1 + high): the one-sided cap min(r, 1 + high) is low = 1 (r >= 0)
+    clip_low = 1.0 if cfg.loss_mode == "cispo" and cfg.cispo_form == "one-sided" else cfg.eps_low
+    lay = _layout(cfg, num_processes)  # verl's micro-batch is per GPU, like TRL's per-device batch
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    out = [f"algorithm.adv_estimator={_VERL_ESTIMATOR[cfg.advantage]}"]
+    if cfg.advantage == "group":
+        out.append(f"algorithm.norm_adv_by_std_in_grpo={cfg.adv_scale == 'group'}")
+    elif cfg.advantage == "reinforce_pp":
+        out.append("algorithm.gamma=1.0")  # verl's REINFORCE++ sums rewards to go with gamma: 1 is the outcome
+    elif cfg.advantage == "gae":
+        out += [f"algorithm.gamma={cfg.gamma}", f"algorithm.lam={cfg.lam}", f"critic.optim.lr={cfg.value_lr}",
+                f"critic.cliprange_value={cfg.value_clip if cfg.value_clip is not None else 1e9}"]
+    out += [f"data.train_batch_size={cfg.prompts_per_step}", f"{r}.n={cfg.group_size}",
+            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}", f"{r}.top_k=-1",
+            f"{r}.top_p=1.0", f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
+            f"{a}.ppo_micro_batch_size_per_gpu={lay['per_device']}", f"trainer.n_gpus_per_node={num_processes}",
+            f"{a}.ppo_epochs={cfg.num_iterations}",
+            f"{a}.optim.lr={cfg.lr}", f"{a}.optim.weight_decay={cfg.weight_decay}",
+            f"{a}.optim.clip_grad={cfg.max_grad_norm}",
+            f"{a}.policy_loss.loss_mode={loss_mode}",
+            f"{a}.clip_ratio_low={clip_low}", f"{a}.clip_ratio_high={cfg.eps_high}"]
+    if cfg.loss_mode == "clip":  # only verl's vanilla loss reads clip_ratio_c
+        out.append(f"{a}.clip_ratio_c={cfg.dual_clip if cfg.dual_clip is not None else 1e9}")
+    if cfg.loss_mode == "sapo":
+        out += [f"{a}.tau_pos={cfg.tau_pos}", f"{a}.tau_neg={cfg.tau_neg}"]
+    out.append(f"{a}.loss_agg_mode={cfg.agg}")
+    if cfg.agg == "seq-mean-token-sum-norm":
+        out.append(f"{a}.loss_scale_factor={cfg.max_new_tokens}")
+    verl_kl = {"k1": "k1", "k2": "k2", "k3": "low_var_kl"}[cfg.kl_estimator]
+    if cfg.beta > 0 and cfg.kl_placement == "loss":
+        if cfg.adaptive_kl:
+            raise _missing("adaptive_kl with kl_placement='loss'", "verl's adaptive controller drives the KL "
+                           "in the reward only")
+        out += [f"{a}.use_kl_loss=True", f"{a}.kl_loss_coef={cfg.beta}", f"{a}.kl_loss_type={verl_kl}",
+                "algorithm.use_kl_in_reward=False"]
+    elif cfg.beta > 0:
+        out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=True", f"algorithm.kl_penalty={verl_kl}",
+                f"algorithm.kl_ctrl.kl_coef={cfg.beta}",
+                f"algorithm.kl_ctrl.type={'adaptive' if cfg.adaptive_kl else 'fixed'}"]
+        if cfg.adaptive_kl:
+            out += [f"algorithm.kl_ctrl.target_kl={cfg.target_kl}", f"algorithm.kl_ctrl.horizon={cfg.kl_horizon}"]
+    else:
+        out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
+    out += _verl_importance(cfg)
+    if cfg.dynamic_sampling:
+        out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
+                f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
+                f"data.gen_batch_size={cfg.gen_prompts_per_round or cfg.prompts_per_step}"]
+    if cfg.overlong_shaping:
+        buffer = "+reward.reward_kwargs.overlong_buffer_cfg"
+        out += ["reward.reward_manager.name=dapo", f"{buffer}.enable=True", f"{buffer}.len={cfg.overlong_cache_len}",
+                f"{buffer}.penalty_factor=1.0", f"+reward.reward_kwargs.max_resp_len={cfg.max_new_tokens}"]
+    return out
+
+
+def _verl_importance(cfg: RLConfig) -> list[str]:
+    """verl 0.9.1's algorithm.rollout_correction overrides for cfg's pi_old and sampler correction ([] for none)."""
+    c = "algorithm.rollout_correction"
+    if cfg.pi_old == "naive":  # bypass mode: old_log_probs = the rollout's, and verl's own PPO-clip loss
+        if cfg.loss_mode != "clip" or cfg.level != "token":
+            raise _missing(f"pi_old='naive' with loss_mode={cfg.loss_mode!r}, level={cfg.level!r}", "verl's "
+                           "bypass_mode replaces the policy loss by its own token-level PPO clip")
+        return [f"{c}.bypass_mode=True", f"{c}.loss_type=ppo_clip"]
+    if cfg.is_correction == "none":
+        return []
+    if cfg.is_correction.startswith("seq") and cfg.is_seq_form != "product":
+        raise _missing(f"is_seq_form={cfg.is_seq_form!r}", "verl's rollout_is=sequence weight is exp of the SUM of "
+                       "the token log-ratios (its seq_mean_k1 rejection masks on the geometric mean, without weights)")
+    if cfg.is_correction.endswith("tis") and cfg.is_cap_low is not None:
+        raise _missing(f"is_cap_low={cfg.is_cap_low} with {cfg.is_correction}", "verl truncates from above only")
+    if cfg.is_correction.endswith("mis") and cfg.is_cap_low is None:
+        raise _missing(f"{cfg.is_correction} without is_cap_low", "verl's masked weights (a 'lower_upper' "
+                       "threshold, IcePop) need both bounds")
+    threshold = cfg.is_cap if cfg.is_correction.endswith("tis") else f"{cfg.is_cap_low}_{cfg.is_cap}"
+    level = "token" if cfg.is_correction.startswith("token") else "sequence"
+    return [f"{c}.rollout_is={level}", f"{c}.rollout_is_threshold={threshold}", f"{c}.bypass_mode=False"]
+
+
+def to_verl(cfg: RLConfig) -> str:
+    """verl 0.9.1 command-line overrides for ``cfg`` as one line of text (``verl_overrides`` joined by spaces),
+    to append to ``python -m verl.trainer.main_ppo``.
+
+    Raises:
+        NotImplementedError, ValueError: as ``verl_overrides``.
+    """
+    return " ".join(verl_overrides(cfg))
