@@ -1,5 +1,6 @@
-"""What both bridges check before they map a config: the simulated sampler, the layout of one rollout, and a
-token-level correction on a loss of one term per sequence; and the NotImplementedError every refusal raises."""
+"""What both bridges check before they map a config: the simulated sampler and the layout of one rollout; and the
+NotImplementedError every refusal raises. (A config the loss itself cannot take, such as a token-level correction on
+a loss of one term per sequence, is refused by ``RLConfig.validate``, which every mapping calls first.)"""
 
 from __future__ import annotations
 
@@ -16,16 +17,6 @@ def _simulated_sampler(cfg: RLConfig) -> None:
         raise _missing("sampler_dtype / sampler_logit_noise / sampler_router_noise",
                        "they simulate an inference engine's mismatch; in an engine the sampler is the engine itself",
                        "keep the importance correction (is_correction) and drop the dials")
-
-
-def _no_token_weights_on_sequence_terms(cfg: RLConfig) -> None:
-    """ValueError for a token-level sampler correction with a loss of one term per sequence (GSPO, GMPO): there is
-    no token term to weigh, and minirl's ``policy_loss`` takes only (B,) weights there. An invalid config, so it is
-    refused before any mapping; once ``RLConfig.validate`` holds this rule, this check can go."""
-    loss = "loss_mode='gmpo'" if cfg.loss_mode == "gmpo" else "level='sequence'" if cfg.level == "sequence" else ""
-    if loss and cfg.is_correction in ("token_tis", "token_mis"):
-        raise ValueError(f"is_correction={cfg.is_correction!r} weighs each token, but {loss} has one term per "
-                         f"sequence: use is_correction='seq_tis' or 'seq_mis'")
 
 
 def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..config import RLConfig
 from ..preference_loop import PrefConfig
-from ._common import _layout, _missing, _no_token_weights_on_sequence_terms, _simulated_sampler
+from ._common import _layout, _missing, _simulated_sampler
 
 #: The TRL version the mapping and the equivalence tests were checked against (pyproject's [trl] extra bounds it).
 TRL_VERSION = "1.16"
@@ -120,7 +120,6 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     Source: TRL 1.16 ``trl/trainer/grpo_config.py`` and ``GRPOTrainer._compute_loss``.
     """
     cfg.validate()
-    _no_token_weights_on_sequence_terms(cfg)
     unknown = set(without) - set(DROPPABLE)
     if unknown:
         raise ValueError(f"without= may name only {DROPPABLE}, got {sorted(unknown)}")

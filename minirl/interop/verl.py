@@ -7,7 +7,7 @@ of the 0.9.1 release on PyPI (tests/test_interop.py holds the names, copied from
 from __future__ import annotations
 
 from ..config import RLConfig
-from ._common import _layout, _missing, _no_token_weights_on_sequence_terms, _simulated_sampler
+from ._common import _layout, _missing, _simulated_sampler
 
 #: The verl tag whose option names ``to_verl`` writes.
 VERL_VERSION = "0.9.1"
@@ -52,7 +52,6 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     ``verl/trainer/config/algorithm/rollout_correction.yaml``, ``verl/trainer/ppo/rollout_corr_helper.py``.
     """
     cfg.validate()
-    _no_token_weights_on_sequence_terms(cfg)
     _simulated_sampler(cfg)
     if cfg.routing_replay:
         raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
