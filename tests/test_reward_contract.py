@@ -231,6 +231,25 @@ def test_unscored_rows_match_trls_advantage_formula(scale):
     torch.testing.assert_close(group_advantages(r, G, scale=scale), trl_adv, atol=1e-6, rtol=1e-6)
 
 
+def test_unscored_rows_match_trls_rloo_formula():
+    """TRL 1.16's RLOOTrainer: the leave-one-out baseline over scorable siblings only, (nansum - r) / (count - 1),
+    A = r - baseline, then nan_to_num(0) (a lone scored row's 0 / 0 and every unscored row give 0). Same numbers as
+    advantages.rloo_advantages on random rewards with NaN rows."""
+    from minirl.advantages import rloo_advantages
+
+    g = torch.Generator().manual_seed(1)
+    G = 4
+    r = torch.randn(40, generator=g)
+    r[torch.rand(40, generator=g) < 0.3] = math.nan
+    r[8:11] = math.nan  # a group with one scored row
+    r[12:16] = math.nan  # a group with none
+    grouped = r.view(-1, G)
+    count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
+    baseline = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (count - 1)
+    trl_adv = torch.nan_to_num((grouped - baseline).view(-1), nan=0.0)
+    torch.testing.assert_close(rloo_advantages(r, group_size=G), trl_adv, atol=1e-6, rtol=1e-6)
+
+
 def test_unscored_rows_and_has_signal():
     nan = math.nan
     r = torch.tensor([1, 0, 1, 1, 1, 1, 1, nan, 0, 1, nan, nan, nan, nan, nan])
