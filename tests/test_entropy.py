@@ -1,5 +1,5 @@
 """Tests of minirl.entropy (the covariance term, Clip-Cov, KL-Cov, the top-entropy mask, the entropy bonus and its
-adaptive coefficient, pass@k).
+adaptive coefficient, pass@k) and minirl.entropy_toy (the entropy change of one step on a softmax bandit).
 
 Hand values carry their arithmetic; the engines' own functions are run on the same inputs: TRL 1.16's
 ``GRPOTrainer.get_high_entropy_mask`` (installed), and verl 0.9.1's ``compute_policy_loss_clip_cov`` /
@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import close as _close
 
-from minirl import entropy, losses
+from minirl import entropy, entropy_toy, losses
 
 close = partial(_close, atol=5e-7)
 LN2 = math.log(2)
@@ -378,3 +378,63 @@ def test_pass_at_k_rejects_bad_counts():
             entropy.pass_at_k(*args)
     with pytest.raises(ValueError, match="empty"):
         entropy.mean_pass_at_k([], [], 1)
+
+
+# --- the exact toy: one step on a softmax bandit --------------------------------------------------------------------
+Z = torch.tensor([LN2, 0.0, 0.0], dtype=D)  # pi = [1/2, 1/4, 1/4]
+LIKELY_GOOD = torch.tensor([1.0, 0.0, 0.0], dtype=D)  # the likely arm is rewarded
+RARE_GOOD = torch.tensor([0.0, 1.0, 0.0], dtype=D)  # a rare arm is rewarded
+
+
+def test_toy_entropy_advantages_and_steps_by_hand():
+    close(entropy_toy.softmax_entropy(Z), 1.5 * LN2)  # 1/2 ln2 + 2 * 1/4 ln4 = 1.039721
+    close(entropy_toy.bandit_advantages(Z, LIKELY_GOOD), [0.5, -0.5, -0.5])  # E r = 1/2
+    close(entropy_toy.logit_step(Z, LIKELY_GOOD, step=0.1), [0.05, -0.05, -0.05])  # natural: 0.1 * A
+    close(entropy_toy.logit_step(Z, LIKELY_GOOD, step=0.1, update="vanilla"), [0.025, -0.0125, -0.0125])  # 0.1 pi A
+    # the vanilla step is gradient ascent on J = E_pi[r]: autograd of the exact objective
+    z = Z.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad((z.softmax(-1) * RARE_GOOD).sum(), z)
+    close(entropy_toy.logit_step(Z, RARE_GOOD, step=0.3, update="vanilla"), 0.3 * grad, atol=1e-15)
+    with pytest.raises(ValueError, match="update"):
+        entropy_toy.logit_step(Z, RARE_GOOD, step=0.1, update="adam")
+
+
+# paper-index: entropy_toy.predicted_entropy_change
+def test_predicted_entropy_change_by_hand_and_as_the_directional_derivative():
+    dz = entropy_toy.logit_step(Z, LIKELY_GOOD, step=0.1)
+    # centred log pi [0.5 ln2, -0.5 ln2, -0.5 ln2], dz [0.05, -0.05, -0.05] (mean 0):
+    # Cov = 1/2 (0.5 ln2)(0.05) + 2 * 1/4 (-0.5 ln2)(-0.05) = 0.025 ln2 -> predicted -0.017329
+    close(entropy_toy.predicted_entropy_change(Z, dz), -0.025 * LN2)
+    # exactly the derivative d/dt H(z + t dz) at t = 0, for any dz
+    dz = torch.tensor([0.3, -1.1, 0.7], dtype=D)
+    t = torch.zeros((), dtype=D, requires_grad=True)
+    (slope,) = torch.autograd.grad(entropy_toy.softmax_entropy(Z + t * dz), t)
+    close(entropy_toy.predicted_entropy_change(Z, dz), slope, atol=1e-14)
+    # the LM-scale term: a batch drawn in proportion to pi (arms 0, 0, 1, 2) gives the same covariance as a mean of
+    # entropy.token_covariance (0.25 ln2, the module's worked example); dH = -0.1 * that
+    tokens = torch.tensor([0, 0, 1, 2])
+    logprobs = Z.log_softmax(-1)[tokens][None]
+    adv = entropy_toy.bandit_advantages(Z, LIKELY_GOOD)[tokens][None]
+    batch_cov = entropy.token_covariance(logprobs, adv, torch.ones(1, 4)).mean()
+    close(-0.1 * batch_cov, entropy_toy.predicted_entropy_change(Z, entropy_toy.logit_step(Z, LIKELY_GOOD, step=0.1)))
+
+
+@pytest.mark.parametrize("update", entropy_toy.UPDATES)
+@pytest.mark.parametrize("rewards", [LIKELY_GOOD, RARE_GOOD], ids=["likely-good", "rare-good"])
+def test_entropy_change_error_shrinks_as_the_step_squared(update, rewards):
+    rows = entropy_toy.entropy_change_table(Z, rewards, steps=(0.2, 0.1, 0.05), update=update)
+    for row in rows[1:]:
+        assert 3.5 < row["error_ratio"] < 4.5, rows  # halving the step quarters the error: O(step^2)
+    assert abs(rows[-1]["error"]) < 0.05 * abs(rows[-1]["predicted"])  # small steps: the prediction is the change
+
+
+def test_a_likely_good_action_lowers_entropy_and_a_rare_good_one_raises_it():
+    for update in entropy_toy.UPDATES:
+        likely = entropy_toy.logit_step(Z, LIKELY_GOOD, step=0.05, update=update)
+        rare = entropy_toy.logit_step(Z, RARE_GOOD, step=0.05, update=update)
+        predicted, measured = entropy_toy.predicted_entropy_change, entropy_toy.measured_entropy_change
+        assert predicted(Z, likely) < 0 and measured(Z, likely) < 0
+        assert predicted(Z, rare) > 0 and measured(Z, rare) > 0
+    # natural step, rare arm rewarded: A = [-1/4, 3/4, -1/4]; Cov(log pi, A) = 1/2 (0.5 ln2)(-1/4)
+    # + 1/4 (-0.5 ln2)(3/4) + 1/4 (-0.5 ln2)(-1/4) = -0.125 ln2, so dH = +0.05 * 0.125 ln2 = 0.004332
+    close(entropy_toy.predicted_entropy_change(Z, entropy_toy.logit_step(Z, RARE_GOOD, step=0.05)), 0.00625 * LN2)
