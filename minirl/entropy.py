@@ -10,8 +10,8 @@ The controls, one function each (a loss function returns per-token terms; ``loss
 
 - Clip-Cov (``clip_cov_mask``, ``clip_cov_token_loss``): a random few of the tokens whose covariance lies in a band
   lose their gradient. KL-Cov (``kl_cov_mask``, ``kl_cov_token_loss``): the top few by covariance get a KL penalty.
-  Both follow verl 0.9.1's ``compute_policy_loss_clip_cov`` / ``compute_policy_loss_kl_cov`` definition for
-  definition (which tokens are candidates, how many are picked, strict or not), checked against them in the tests.
+  Both follow verl 0.9.1's ``compute_policy_loss_clip_cov`` / ``compute_policy_loss_kl_cov`` in every detail
+  (which tokens are candidates, how many are picked, strict bounds), and the tests run verl's own functions.
 - An entropy bonus (``entropy_bonus``) and Skywork-OR1's adaptive coefficient toward a target entropy
   (``adaptive_entropy_coef``, ``entropy_coef_in_use``), as TRL 1.16's ``entropy_coef`` / ``use_adaptive_entropy``.
 - Training only on the high-entropy "forking" tokens (``top_entropy_mask``, TRL's ``top_entropy_quantile``).
@@ -67,6 +67,8 @@ def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tens
     Raises:
         ValueError: if the shapes differ (advantages may also be (B,)).
 
+    Copy with: _per_token.
+
     Source: Cui et al. 2025, arXiv 2505.22617, the token covariance Cov(y_i) of their Clip-Cov and KL-Cov section;
     verl 0.9.1 ``compute_policy_loss_kl_cov`` (``cov_lst_all``).
     """
@@ -109,6 +111,8 @@ def clip_cov_mask(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
 
     Raises:
         ValueError: on shape mismatch, fraction outside (0, 1], cov_low >= cov_high, negative eps.
+
+    Copy with: token_covariance, _per_token.
 
     Source: Cui et al. 2025, arXiv 2505.22617, Clip-Cov (its set I_clip); verl 0.9.1 ``compute_policy_loss_clip_cov``.
     """
@@ -197,6 +201,8 @@ def kl_cov_mask(logprobs: Tensor, advantages: Tensor, mask: Tensor, *, fraction:
 
     Raises:
         ValueError: on shape mismatch or fraction outside (0, 1].
+
+    Copy with: token_covariance, _per_token.
 
     Source: Cui et al. 2025, arXiv 2505.22617, KL-Cov (its set I_KL); verl 0.9.1 ``compute_policy_loss_kl_cov``.
     """
@@ -287,11 +293,11 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, top_fraction: float) -> T
     if not 0 <= top_fraction <= 1:
         raise ValueError(f"top_fraction must be in [0, 1], got {top_fraction}")
     valid = mask > 0  # (B, T)
-    values = entropy[valid].float()  # (N,)
+    values = entropy.detach()[valid].float()  # (N,)
     if values.numel() == 0:
         return torch.zeros_like(valid)
     threshold = torch.quantile(values, 1 - top_fraction)  # float32, as TRL
-    compared = entropy.to(torch.promote_types(entropy.dtype, torch.float32))  # TRL compares in this dtype
+    compared = entropy.detach().to(torch.promote_types(entropy.dtype, torch.float32))  # TRL compares in this dtype
     return (compared >= threshold) & valid
 
 
@@ -321,8 +327,9 @@ def entropy_bonus(entropy: Tensor, mask: Tensor, *, coef: float, agg: str = "tok
     Raises:
         ValueError: on shape mismatch, unknown agg, non-positive max_tokens.
 
-    Source: Skywork-OR1, He et al. 2025, arXiv 2505.22312 (the entropy loss of their objective); TRL 1.16
-    ``GRPOTrainer._compute_loss`` (``entropy_coef``); verl 0.9.1 ``dp_actor`` (``entropy_coeff``, ``agg_loss``).
+    Source: PPO, Schulman et al. 2017, eq. 9 (the entropy bonus c2 S[pi]); Skywork-OR1, He et al. 2025, arXiv
+    2505.22312 (the entropy loss of their objective); TRL 1.16 ``GRPOTrainer._compute_loss`` (``entropy_coef``);
+    verl 0.9.1 ``verl/workers/utils/losses.py`` (``actor.entropy_coeff``, ``agg_loss`` with the loss's mode).
     """
     same_shape(entropy=entropy, mask=mask)
     ndim("entropy", entropy, 2, "(B, T)")

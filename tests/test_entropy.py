@@ -181,7 +181,7 @@ def verl():
     exec(compile(VERL_SOURCE.read_text(), str(VERL_SOURCE), "exec"), namespace)
     namespace["verl_F"] = SimpleNamespace(masked_sum=namespace["masked_sum"], masked_mean=namespace["masked_mean"])
     return SimpleNamespace(clip_cov=namespace["compute_policy_loss_clip_cov"],
-                           kl_cov=namespace["compute_policy_loss_kl_cov"])
+                           kl_cov=namespace["compute_policy_loss_kl_cov"], agg_loss=namespace["agg_loss"])
 
 
 def _verl_config(eps_low=0.2, eps_high=0.28, **policy_loss):
@@ -317,6 +317,16 @@ def test_entropy_bonus_is_minus_coef_times_losses_aggregate(agg):
           -0.3 * losses.aggregate(h, mask, agg, max_tokens=8), atol=1e-12)
     with pytest.raises(ValueError, match="aggregation"):
         entropy.entropy_bonus(h, mask, coef=0.3, agg="sum")
+
+
+@pytest.mark.parametrize("agg", entropy.AGGREGATIONS)
+def test_entropy_bonus_matches_verl_091(verl, agg):
+    """verl subtracts entropy_coeff * agg_loss(entropy, mask, the loss's mode) (verl/workers/utils/losses.py);
+    its seq-mean-token-sum-norm divides by T (loss_scale_factor None)."""
+    g = torch.Generator().manual_seed(1)
+    h = torch.rand(4, 6, generator=g) * 2
+    mask = (torch.arange(6)[None] < torch.tensor([6, 2, 0, 5])[:, None]).float()
+    close(entropy.entropy_bonus(h, mask, coef=0.3, agg=agg), -0.3 * verl.agg_loss(h, mask, agg), atol=1e-6)
 
 
 # paper-index: entropy.adaptive_entropy_coef entropy.entropy_coef_in_use
