@@ -3,14 +3,13 @@ adaptive coefficient, pass@k) and minirl.entropy_toy (the entropy change of one 
 
 Hand values carry their arithmetic; the engines' own functions are run on the same inputs: TRL 1.16's
 ``GRPOTrainer.get_high_entropy_mask`` (installed), and verl 0.9.1's ``compute_policy_loss_clip_cov`` /
-``compute_policy_loss_kl_cov``, whose source tests/extract_verl.py copied out of the wheel."""
+``compute_policy_loss_kl_cov``, which tests/extract_verl.py reads out of the wheel."""
 
 from __future__ import annotations
 
 import math
 from fractions import Fraction
 from functools import partial
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
@@ -167,18 +166,19 @@ def test_kl_cov_token_loss_by_hand():
 
 
 # --- equality with verl 0.9.1 (its functions, from the wheel) ------------------------------------------------------
-VERL_SOURCE = Path(__file__).parent / "data" / "verl_0_9_1_cov_losses.py.txt"
-
-
 @pytest.fixture(scope="module")
 def verl():
-    """verl 0.9.1's functions, executed from tests/data (see tests/extract_verl.py) with torch and stand-ins."""
+    """verl 0.9.1's functions, read from its wheel (tests/extract_verl.py) and executed with torch and stand-ins."""
+    import extract_verl
+
+    if not extract_verl.WHEEL.exists():
+        pytest.skip(f"verl's wheel is not at {extract_verl.WHEEL}: pip download verl==0.9.1 --no-deps -d .cache/verl")
 
     class AlgoConfig:  # only ever the target of verl's isinstance check
         pass
 
     namespace = {"torch": torch, "Any": Any, "Optional": Optional, "ActorConfig": object, "AlgoConfig": AlgoConfig}
-    exec(compile(VERL_SOURCE.read_text(), str(VERL_SOURCE), "exec"), namespace)
+    exec(compile(extract_verl.extract(extract_verl.WHEEL), "verl 0.9.1", "exec"), namespace)
     namespace["verl_F"] = SimpleNamespace(masked_sum=namespace["masked_sum"], masked_mean=namespace["masked_mean"])
     return SimpleNamespace(clip_cov=namespace["compute_policy_loss_clip_cov"],
                            kl_cov=namespace["compute_policy_loss_kl_cov"], agg_loss=namespace["agg_loss"])
