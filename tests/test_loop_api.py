@@ -17,7 +17,7 @@ from minirl import config, losses, models, rewards, rl, tasks
 from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-MATH_MODULES = ("advantages", "losses", "kl", "rewards", "sampling", "preference", "importance")
+MATH_MODULES = ("advantages", "losses", "kl", "rewards", "sampling", "preference", "importance", "distill")
 
 
 # --- copyable math modules ------------------------------------------------------------------------------------------
