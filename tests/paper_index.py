@@ -31,6 +31,7 @@ MARKER = re.compile(r"^\s*#\s*paper-index:\s*(.+?)\s*$")
 #: The papers the docstrings cite, each as (how the index names it, a pattern that recognises a citation of it).
 #: The first pattern that matches an entry names its paper; an entry that none matches keeps its own text.
 PAPERS = [
+    ("Agarwal et al. 2024 (GKD, on-policy distillation)", r"Agarwal"),
     ("Ahmadian et al. 2024 (RLOO)", r"Ahmadian"),
     ("Azar et al. 2023 (IPO)", r"Azar"),
     ("Cover & Thomas, Elements of Information Theory", r"Cover & Thomas"),
@@ -38,6 +39,7 @@ PAPERS = [
     ("Fedus et al. 2022 (Switch Transformer)", r"Fedus|Switch Transformer"),
     ("Hu et al. 2025 (REINFORCE++)", r"\bHu et al|REINFORCE\+\+"),
     ("Huang et al. 2022 (37 implementation details of PPO)", r"Huang et al"),
+    ("Kim & Rush 2016 (sequence-level knowledge distillation)", r"Kim & Rush"),
     ("Kool et al. 2019 (leave-one-out baseline)", r"Kool"),
     ("Kullback & Leibler 1951", r"Kullback"),
     ("Liu et al. 2025 (Dr. GRPO)", r"Liu et al|Dr\. GRPO"),
@@ -56,6 +58,7 @@ PAPERS = [
     ("Shao et al. 2024 (DeepSeekMath, GRPO)", r"Shao et al"),
     ("Sutton et al. 2000 (policy gradient theorem)", r"Sutton"),
     ("Tang & Munos 2025 (KL gradient estimation)", r"Tang & Munos"),
+    ("Thinking Machines 2025 (On-Policy Distillation, Tinker)", r"Thinking Machines"),
     ("Williams 1992 (REINFORCE)", r"Williams"),
     ("Yao et al. 2025 (truncated importance sampling, TIS)", r"\bYao et al"),
     ("Ye et al. 2020 (dual-clip PPO)", r"\bYe et al"),
