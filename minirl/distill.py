@@ -15,13 +15,14 @@ samples, and every one of them is checked by enumerating all sequences of a two-
 (d) ``mixed_reward``: kl_coef * r_t plus the task score on the last token. With ``rewards_to_go(gamma=1)`` its
     expected gradient is grad (kl_coef * KL(p || q) - E[score]).
 
-p is the student, q the teacher (always detached: the teacher is graded against, never trained). The sampled reward (a)
-needs only the teacher's log-prob of each sampled token (one number per token, what a teacher server returns); (b)
-needs the teacher's whole next-token distribution at every position (V numbers per token), and in return has no
-sampling noise at the position itself (the Rao-Blackwellised (a) with gamma = 0).
+The teacher is always detached: it is graded against, never trained. The sampled reward (a) needs only the teacher's
+log-prob of each sampled token (one number per token, what a teacher server returns); (b) needs the teacher's whole
+next-token distribution at every position (V numbers per token), and in return has no sampling noise at the position
+itself (the Rao-Blackwellised (a) with gamma = 0).
 
-Conventions, and where they meet TRL 1.16 (``generalized_jsd`` and ``full_reverse_kl`` are equal to TRL's losses to
-1e-6, value and gradient, in ``tests/test_distill.py``):
+Conventions, and where they meet TRL 1.16 (``tests/test_distill.py`` checks the equalities on shared inputs, value and
+gradient: ``generalized_jsd`` vs ``GKDTrainer.generalized_jsd_loss`` to 1e-12 in float64, vs ``DistillationTrainer``'s
+float32 chunked loss to 1e-6; ``reverse_kl_reward`` at gamma = 0 vs ``IWOPDTrainer``'s sampled-token loss to 1e-12):
 
 - beta as in TRL (``GKDTrainer.generalized_jsd_loss``, ``DistillationTrainer``): beta=0 is the forward KL(q || p),
   beta=1 the reverse KL(p || q), and in between JSD(beta) = beta KL(q || m) + (1 - beta) KL(p || m) with the mixture
