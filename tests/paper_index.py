@@ -31,6 +31,7 @@ MARKER = re.compile(r"^\s*#\s*paper-index:\s*(.+?)\s*$")
 #: The papers the docstrings cite, each as (how the index names it, a pattern that recognises a citation of it).
 #: The first pattern that matches an entry names its paper; an entry that none matches keeps its own text.
 PAPERS = [
+    ("Agarwal et al. 2024 (GKD, on-policy distillation)", r"Agarwal"),
     ("Ahmadian et al. 2024 (RLOO)", r"Ahmadian"),
     ("Azar et al. 2023 (IPO)", r"Azar"),
     ("Chen et al. 2021 (Codex, unbiased pass@k)", r"Chen et al\. 2021|Codex"),
@@ -41,6 +42,7 @@ PAPERS = [
     ("He et al. 2025 (Skywork-OR1, adaptive entropy control)", r"Skywork|2505\.22312"),
     ("Hu et al. 2025 (REINFORCE++)", r"\bHu et al|REINFORCE\+\+"),
     ("Huang et al. 2022 (37 implementation details of PPO)", r"Huang et al"),
+    ("Kim & Rush 2016 (sequence-level knowledge distillation)", r"Kim & Rush"),
     ("Kool et al. 2019 (leave-one-out baseline)", r"Kool"),
     ("Kullback & Leibler 1951", r"Kullback"),
     ("Liu et al. 2025 (Dr. GRPO)", r"Liu et al|Dr\. GRPO"),
@@ -59,6 +61,7 @@ PAPERS = [
     ("Shao et al. 2024 (DeepSeekMath, GRPO)", r"Shao et al"),
     ("Sutton et al. 2000 (policy gradient theorem)", r"Sutton"),
     ("Tang & Munos 2025 (KL gradient estimation)", r"Tang & Munos"),
+    ("Thinking Machines 2025 (On-Policy Distillation, Tinker)", r"Thinking Machines"),
     ("Wang et al. 2025 (Beyond the 80/20 Rule, high-entropy forking tokens)", r"Wang et al|2506\.01939"),
     ("Williams 1992 (REINFORCE)", r"Williams"),
     ("Yao et al. 2025 (truncated importance sampling, TIS)", r"\bYao et al"),

@@ -17,7 +17,8 @@ from minirl import config, losses, models, rewards, rl, tasks
 from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-MATH_MODULES = ("advantages", "losses", "kl", "rewards", "sampling", "preference", "importance", "entropy")
+MATH_MODULES = ("advantages", "losses", "kl", "rewards", "sampling", "preference", "importance", "entropy",
+                "distill")
 
 
 # --- copyable math modules ------------------------------------------------------------------------------------------
