@@ -5,7 +5,7 @@ Every module, by layer:
 - the math (copyable: torch, the standard library and ``checks``): advantages, losses, kl, rewards, sampling,
   preference, importance, checks (argument checks, numerical guards); the exact toys kl_toy, pg_toy, preference_toy.
 - the model side: tasks, tokenizer, models, rollout, moe (routing replay), sampler (a mismatched sampler),
-  precision (mixed precision, train mode, checkpointing).
+  precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted).
 - the loops, one stage per file: config, warm_start, rl, preference_loop, preference_data, evaluation, history,
   plots, sweep (grids of arms x seeds), bench, interop (TRL and verl), ``__main__`` (the command line).
 - the course kit: exercises (the exercises' checker).

@@ -326,3 +326,85 @@ def test_train_rl_runs_a_loaded_checkpoint_with_the_real_scale_settings(dense_di
         history = rl.train_rl(lm, tok, cfg, data)
     assert not lm.training and all(math.isfinite(r["loss"]) for r in history.rows)
     assert all(p.dtype == torch.float32 for p in lm.parameters())
+
+
+# --- memory_plan ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("moe,tied", [(False, True), (False, False), (True, True)])
+def test_parameter_count_from_the_config_is_the_models(moe, tied):
+    from minirl import memory
+
+    sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                 vocab_size=50, tie_word_embeddings=tied)
+    cfg = (Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, mlp_only_layers=[],
+                          decoder_sparse_step=1, **sizes) if moe else Qwen3Config(intermediate_size=48, **sizes))
+    model = (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(cfg)
+    assert memory.parameter_count(cfg) == models.count_parameters(model)
+
+
+def saved_activation_bytes(model, input_ids, attention_mask, P) -> int:
+    """Bytes of the tensors autograd saves in the training forward, each storage once, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        seen.setdefault(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        rollout.token_logprobs(model, input_ids, attention_mask, P, return_entropy=True)
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_memory_plan_predicts_the_saved_activations_of_a_real_vocabulary_model(attention):
+    from minirl import memory
+
+    qcfg = Qwen3Config(hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, vocab_size=151_936, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM._from_config(qcfg, attn_implementation=attention, dtype=torch.float32).train()
+    b, P, T = 2, 16, 32
+    ids = torch.randint(3, 151_936, (b, P + T), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0  # a left-padded row
+    measured = saved_activation_bytes(model, ids, mask, P)
+    cfg = config.make_config("grpo", prompts_per_step=1, group_size=b, max_new_tokens=T, num_minibatches=1)
+    planned = memory.memory_plan(qcfg, cfg, prompt_tokens=P, attention=attention)["activations"]
+    # measured 40,359,296 (eager) and 40,305,536 (sdpa) bytes, planned 1,408 fewer each (the ids and the final norm's
+    # reciprocal RMS): 0.0035% off. The float32 logits the selective log-softmax keeps are 38.9 MB of it
+    # (2 x 32 x 151,936 x 4); before issue 36 this forward saved 79,216,256 bytes: the full log-softmax and the
+    # exp of the entropy (computed with grad), two such tensors
+    assert abs(planned - measured) / measured < 0.10
+    assert abs(planned - measured) / measured < 0.001
+
+
+def test_memory_plan_kv_cache_is_the_caches_size():
+    from minirl import memory
+
+    qcfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=100)
+    model = Qwen3ForCausalLM._from_config(qcfg, attn_implementation="eager", dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model(input_ids=torch.randint(100, (5, 24)), use_cache=True)
+    cache = out["cache"] if "cache" in out else out["past_key_values"]  # renamed in transformers 5.2x
+    measured = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    cfg = config.make_config("grpo", prompts_per_step=5, group_size=2, max_new_tokens=8, generation_batch_size=5,
+                             num_minibatches=1)
+    assert memory.memory_plan(qcfg, cfg, prompt_tokens=16)["kv_cache"] == measured  # 2 x 3 x 5 x 24 x 2 x 16 x 4
+
+
+def test_memory_plan_for_qwen3_0_6b_and_what_chunking_saves(capsys):
+    from minirl import memory
+
+    qwen = memory.qwen3_0_6b_config()
+    assert memory.parameter_count(qwen) == 596_049_920  # Qwen3-0.6B: 0.6 B, 0.44 B without the embedding
+    plain = config.make_config("grpo", prompts_per_step=32, group_size=16, max_new_tokens=512, num_minibatches=1)
+    sized = config.make_config("grpo", prompts_per_step=32, group_size=16, max_new_tokens=512, num_minibatches=1,
+                               precision="bf16-autocast", micro_batch_size=4, logprob_batch_size=8,
+                               generation_batch_size=64, gradient_checkpointing=True)
+    a, b = memory.memory_plan(qwen, plain), memory.memory_plan(qwen, sized)
+    assert a["peak"] > 1e12 and b["peak"] < 24e9  # no GPU holds the first; the second fits 24 GB
+    print(memory.memory_table(qwen, sized))
+    assert "peak" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="attention"):
+        memory.memory_plan(qwen, plain, attention="flash")
