@@ -6,7 +6,8 @@ Every module, by layer:
   preference, importance, entropy (the covariance term, Clip-Cov, KL-Cov, entropy bonus, pass@k), distill
   (on-policy distillation), checks (argument checks, numerical guards); the exact toys kl_toy, pg_toy,
   preference_toy, entropy_toy.
-- the model side: tasks, tokenizer, models, rollout, moe (routing replay), sampler (a mismatched sampler).
+- the model side: tasks, tokenizer, models, rollout, moe (routing replay), sampler (a mismatched sampler),
+  precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted).
 - the loops, one stage per file: config, warm_start, rl, preference_loop, preference_data, evaluation, history,
   plots, sweep (grids of arms x seeds), bench, interop (TRL and verl), ``__main__`` (the command line).
 - the course kit: exercises (the exercises' checker).

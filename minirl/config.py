@@ -20,6 +20,7 @@ import torch
 
 from . import advantages, importance, kl, losses
 from .checks import choice
+from .precision import PRECISIONS
 
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
 PROGRESS_INTERVAL = 10.0
@@ -149,6 +150,12 @@ class RLConfig:
     is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
     router_aux_loss_coef: float = 0.0  # weight of the router's load-balancing loss (moe.load_balancing_loss) in the
     # objective; 0 (default) leaves it out. TRL's router_aux_loss_coef; the MoE model's own config says 0.001
+    # --- a real model (precision.py, memory.py); the defaults are the toy's exact float32 loop
+    precision: str = "fp32"  # precision.PRECISIONS: "fp32"; "bf16-autocast" (float32 master weights and AdamW state,
+    # forwards under bfloat16 autocast); "bf16" (bfloat16 weights and state, no master copy: small updates round away)
+    gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (less activation memory)
+    generation_batch_size: int | None = None  # rows per decode loop (its KV cache holds this many); None: all rows
+    logprob_batch_size: int | None = None  # rows per no-grad log-prob forward (pi_old, reference); None: all rows
     # --- logging
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
@@ -178,6 +185,10 @@ class RLConfig:
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
         choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
+        choice("precision", self.precision, PRECISIONS)
+        for name in ("micro_batch_size", "generation_batch_size", "logprob_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")
         if self.sampler_logit_noise < 0 or self.sampler_router_noise < 0:
             raise ValueError(f"sampler_logit_noise and sampler_router_noise must be >= 0, got "
                              f"{self.sampler_logit_noise} and {self.sampler_router_noise}")

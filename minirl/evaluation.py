@@ -12,6 +12,7 @@ from torch import Tensor
 from . import tasks
 from .checks import zero_outside
 from .kl import exact_token_kl
+from .precision import autocast
 from .rewards import score_completions
 from .rollout import completion_logits, dataset_columns, generate
 
@@ -19,7 +20,7 @@ from .rollout import completion_logits, dataset_columns, generate
 @torch.no_grad()
 def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: float = 1.0, greedy: bool = False,
              samples_per_prompt: int = 1, batch_size: int = 256, seed: int | None = 0, reward_fn=None,
-             reward_kwargs: dict | None = None) -> dict:
+             reward_kwargs: dict | None = None, generation_batch_size: int | None = None) -> dict:
     """Held-out accuracy of the model on a split, sampled at ``temperature`` or greedy.
 
     Args:
@@ -35,6 +36,7 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
         reward_fn: a reward function in TRL's form, or a list of them (see ``rewards.score_completions``); None is
             the running-sums task's 0/1 reward, ``tasks.running_sums_reward``.
         reward_kwargs: further keyword arguments for the reward functions (the RL loops pass ``trainer_state``).
+        generation_batch_size: rows per decode loop within a call (``rollout.generate``'s batch_size); None: all.
 
     Returns:
         dict with accuracy (the mean reward over the scored completions, those not None for every function: for a
@@ -54,7 +56,7 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
         for i in range(0, len(prompts), batch_size):
             rows = dataset.select(range(i, min(i + batch_size, len(prompts))))
             r = generate(model, tokenizer, rows["prompt"], k, max_new_tokens, temperature=temperature, greedy=greedy,
-                         recompute_logprobs=False)  # only the tokens are scored
+                         recompute_logprobs=False, batch_size=generation_batch_size)  # only the tokens are scored
             r.columns = dataset_columns(rows, r.prompt_index)
             ids = [c[m > 0].tolist() for c, m in zip(r.completion_ids, r.completion_mask, strict=True)]
             scores.append(score_completions(reward_fn or tasks.running_sums_reward, r.prompts, r.completions,
@@ -119,11 +121,13 @@ def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None, *,
     due = step == 0 or step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
     if eval_data is None or not due:
         return {}
-    sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, temperature=cfg.temperature,
-                       samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn,
-                       reward_kwargs=reward_kwargs)
-    greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn,
-                      reward_kwargs=reward_kwargs)
+    rows = getattr(cfg, "generation_batch_size", None)  # RLConfig's run sizes and precision; PrefConfig has none
+    with autocast(model, getattr(cfg, "precision", "fp32")):
+        sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, temperature=cfg.temperature,
+                           samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn,
+                           reward_kwargs=reward_kwargs, generation_batch_size=rows)
+        greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn,
+                          reward_kwargs=reward_kwargs, generation_batch_size=rows)
     return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
             "eval_accuracy_stderr_prompts": sampled["accuracy_stderr_prompts"],
             "eval_greedy_accuracy": greedy["accuracy"], "eval_length": sampled["mean_length"],
@@ -158,8 +162,8 @@ def memory_held(model, optimizer=None, ref_model=None) -> dict:
 
 
 @torch.no_grad()
-def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, *, temperature: float = 1.0
-                ) -> tuple[Tensor, Tensor]:
+def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, *, temperature: float = 1.0,
+                batch_size: int | None = None) -> tuple[Tensor, Tensor]:
     """The TRUE KL(pi || ref) of each sampled completion: exact per-position KL summed over its valid tokens.
 
     For completions y sampled from pi, KL_seq(x) = E_y[sum_t KL(pi(. | x, y_<t) || ref(. | x, y_<t))] by the chain
@@ -174,6 +178,7 @@ def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, *, 
         rollout: a ``rollout.Rollout`` sampled from ``model`` at ``temperature`` (fresh samples, not the training
             batch, to measure the policy as it is now).
         temperature: the sampling temperature (> 0); both models' distributions are taken at it.
+        batch_size: rows per pair of forwards (None: all at once); two (b, T, V) logits exist at a time.
 
     Returns:
         (kl, entropy): kl (B,) nats per completion; entropy (B,) the policy's exact next-token entropy summed over
@@ -185,12 +190,16 @@ def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, *, 
     Source: chain rule of the KL divergence (Cover & Thomas, Elements of Information Theory, thm. 2.5.3).
     """
     P, mask = rollout.n_prompt_tokens, rollout.completion_mask  # mask (B, T)
-    logits = completion_logits(model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
-    ref_logits = completion_logits(ref_model, rollout.input_ids, rollout.attention_mask, P)  # (B, T, V)
-    kl_t = exact_token_kl(logits, ref_logits, temperature=temperature)  # (B, T)
-    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
-    entropy_t = -(logp.exp() * logp).sum(-1)  # (B, T)
-    return zero_outside(kl_t, mask).sum(-1), zero_outside(entropy_t, mask).sum(-1)
+    kl_rows, entropy_rows = [], []
+    for rows in torch.arange(len(mask), device=mask.device).split(batch_size or len(mask)):
+        ids, am = rollout.input_ids[rows], rollout.attention_mask[rows]
+        logits = completion_logits(model, ids, am, P)  # (b, T, V)
+        kl_t = exact_token_kl(logits, completion_logits(ref_model, ids, am, P), temperature=temperature)  # (b, T)
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (b, T, V)
+        entropy_t = -(logp.exp() * logp).sum(-1)  # (b, T)
+        kl_rows.append(zero_outside(kl_t, mask[rows]).sum(-1))
+        entropy_rows.append(zero_outside(entropy_t, mask[rows]).sum(-1))
+    return torch.cat(kl_rows), torch.cat(entropy_rows)
 
 
 def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, *, samples_per_prompt: int,

@@ -299,7 +299,8 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
     metrics0 = eval_metrics(model, tokenizer, eval_data, cfg, step=0)
     if metrics0:
         history.log(step=0, **metrics0)
-    model.train()
+    was_training = model.training
+    model.train()  # train mode while it trains (dropout, gradient checkpointing); the caller's mode restored at the end
     batches = _batch_indices(len(data), cfg.batch_size, cfg.steps, gen)
     for step, idx in enumerate(tqdm(batches, total=cfg.steps, desc=cfg.method, disable=not cfg.progress,
                                                  mininterval=PROGRESS_INTERVAL), start=1):
@@ -320,4 +321,5 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
+    model.train(was_training)
     return history

@@ -30,7 +30,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import importance, kl, losses, models, rewards, rollout, sampling, tasks
+from . import importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -66,12 +66,15 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     Raises:
         ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns a
             wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
-            that every reward function returned None for. RuntimeError when dynamic sampling runs out of rounds.
+            that every reward function returned None for; a tokenizer that pads on the right
+            (``rollout.check_tokenizer``); weights that are not float32 under precision "fp32" or "bf16-autocast"
+            (``precision.prepare``). RuntimeError when dynamic sampling runs out of rounds.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
     cfg.validate()
+    precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.router_aux_loss_coef > 0:
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
     if "prompt" not in train_data.column_names:
@@ -193,9 +196,11 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
 
     def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
-        r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens, temperature=cfg.temperature,
-                             recompute_logprobs=False, min_new_tokens=min_new_tokens,  # pi_old: behaviour_logprobs
-                             record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler")
+        with precision.autocast(model, cfg.precision):
+            r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens,
+                                 temperature=cfg.temperature, recompute_logprobs=False,  # pi_old: behaviour_logprobs
+                                 min_new_tokens=min_new_tokens, batch_size=cfg.generation_batch_size,
+                                 record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler")
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
         s = rewards.score_completions(reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r),
                                       columns=r.columns, weights=reward_weights, reward_kwargs=reward_kwargs)  # (B,)
@@ -261,32 +266,34 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig, 
     (None without routing replay). ``source`` is ``pi_old_source``'s answer (None: its answer for a model that
     samples its own rollouts, as in ``train_rl`` with the default sampler).
 
-    A recomputed pi_old is one forward of the trainer's model on the final batch: with R2 routing replay while its
-    experts are recorded, with R3 while the sampler's experts are forced."""
+    A recomputed pi_old is one forward of the trainer's model on the final batch, ``cfg.logprob_batch_size`` rows
+    at a time: with R2 routing replay while its experts are recorded, with R3 while the sampler's experts are
+    forced. Every forward runs in ``cfg.precision``'s autocast."""
     source = source or pi_old_source(cfg, sampler_is_trainer=True)
     choice("source", source, PI_OLD_SOURCES)
     mask, P = batch.completion_mask, batch.n_prompt_tokens
     r3 = cfg.routing_replay and cfg.replay_source == "sampler"
     routes = batch.sampler_routes if r3 else None
-    old_logprobs = None
+    old_logprobs, autocast = None, precision.autocast(model, cfg.precision)
     if source == "recomputed":
-        if r3:
-            context = replay_routing(model, routes)
-        elif cfg.routing_replay:
-            context = record_routing(model)
-        else:
-            context = nullcontext()
-        with context as recorded:
-            old_logprobs = rollout.token_logprobs(model, batch.input_ids, batch.attention_mask, P,
-                                                 temperature=cfg.temperature)
+        chunks = torch.arange(len(mask), device=mask.device).split(cfg.logprob_batch_size or len(mask))
+        with autocast, record_routing(model) if cfg.routing_replay and not r3 else nullcontext() as recorded:
+            parts = []
+            for rows in chunks:  # R3 forces each chunk's rows of the sampler's routes
+                with replay_routing(model, routes.select(rows)) if r3 else nullcontext():
+                    parts.append(rollout.token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], P,
+                                                        temperature=cfg.temperature))
+        old_logprobs = torch.cat(parts)  # (B, T)
         routes = routes if r3 else recorded
     if source != "current":
         old_logprobs = zero_outside(importance.choose_old_logprobs(old_logprobs, batch.sampler_logprobs,
                                                                    pi_old=cfg.pi_old), mask)
     ref_logprobs = None
     if ref_model is not None:
-        ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
-                                                           temperature=cfg.temperature), mask)
+        with precision.autocast(ref_model, cfg.precision):
+            ref_logprobs = zero_outside(rollout.token_logprobs(ref_model, batch.input_ids, batch.attention_mask, P,
+                                                               temperature=cfg.temperature,
+                                                               batch_size=cfg.logprob_batch_size), mask)
     return old_logprobs, ref_logprobs, routes
 
 
@@ -399,6 +406,9 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     parameter with the policy) + router_aux_loss_coef * aux_loss (an MoE's load-balancing loss, when switched on).
     Every term but the last is divided by the WHOLE minibatch's count (tokens or sequences, see
     ``loss_denominator``), so the micro-batch losses add up to exactly the minibatch's loss whatever their size.
+    The policy (and critic) are in train mode while it runs (``precision.train_mode``: gradient checkpointing
+    recomputes only then), mode restored after; forwards run in ``cfg.precision``'s autocast, the backward outside
+    it; recorded routes are forced through the backward too, so checkpointing's recompute replays them.
 
     Returns:
         dict of floats: the policy loss's stats (clip fractions, ratios, approx_kl), loss, value_loss (PPO),
@@ -408,27 +418,29 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     denominator = loss_denominator(minibatch.loss_mask, cfg)
     n_tokens = float(minibatch.loss_mask.sum().clamp(min=1))  # the value loss is a token mean
     optimizer.zero_grad(set_to_none=True)
-    stats, entropy_sum = [], 0.0
+    stats, entropy_sum, kl_in_loss = [], 0.0, beta > 0 and cfg.kl_placement == "loss"
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
-        with router_logits_if(model, cfg) as router_logits:  # the routers' logits, only with the aux loss on
-            logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T), replays routes if recorded
-        old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # "current": ratio 1
-        weights = None  # the sampler is not pi_old: re-weight its samples towards pi_old (importance.py)
-        if cfg.is_correction != "none":
-            weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
-                                            correction=cfg.is_correction, cap=cfg.is_cap, cap_low=cfg.is_cap_low,
-                                            form=cfg.is_seq_form)
-        pg_loss, st = losses.policy_loss(logprobs, old_logprobs, micro.advantages, micro.loss_mask,
-                                         **cfg.policy_loss_kwargs(), denominator=denominator, is_weights=weights)
-        kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if beta > 0 and cfg.kl_placement == "loss" else 0.0
-        value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
-        aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0
-        policy_objective = pg_loss + beta * kl_loss + cfg.router_aux_loss_coef * aux_loss
-        (policy_objective + value_loss).backward()  # the whole objective
+        with precision.train_mode(model, critic), replaying(model, micro.routes):  # held through the backward
+            with precision.autocast(model, cfg.precision), router_logits_if(model, cfg) as router_logits:
+                logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T)
+                old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # "current"
+                weights = None  # the sampler is not pi_old: re-weight its samples towards pi_old (importance.py)
+                if cfg.is_correction != "none":
+                    weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
+                                                    correction=cfg.is_correction, cap=cfg.is_cap,
+                                                    cap_low=cfg.is_cap_low, form=cfg.is_seq_form)
+                pg_loss, st = losses.policy_loss(logprobs, old_logprobs, micro.advantages, micro.loss_mask,
+                                                 **cfg.policy_loss_kwargs(), denominator=denominator,
+                                                 is_weights=weights)
+                kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if kl_in_loss else 0.0
+                value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
+                aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0
+                policy_objective = pg_loss + beta * kl_loss + cfg.router_aux_loss_coef * aux_loss
+            (policy_objective + value_loss).backward()  # the whole objective, outside autocast
         stats.append({**st, **vst, "loss": float(policy_objective.detach())})
         if router_logits:
             stats[-1]["aux_loss"] = float(aux_loss.detach()) * len(minibatch) / len(micro)  # this micro-batch's
-        entropy_sum += float((entropy.detach() * micro.completion_mask).sum())
+        entropy_sum += float((entropy * micro.completion_mask).sum())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # once, after accumulation
     if critic is not None:
         torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
@@ -450,13 +462,17 @@ def loss_denominator(mask: Tensor, cfg: RLConfig) -> float:
 
 
 def policy_logprobs(model, micro: RLBatch, temperature: float) -> tuple[Tensor, Tensor]:
-    """(b, T) log-probs (with grad) and entropies of the micro-batch under the current policy; with recorded
-    routes, the MoE experts of pi_old's forward are forced (routing replay)."""
-    args = (model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens)
-    if micro.routes is None:
-        return rollout.token_logprobs(*args, temperature=temperature, return_entropy=True)
-    with replay_routing(model, micro.routes):
-        return rollout.token_logprobs(*args, temperature=temperature, return_entropy=True)
+    """(b, T) log-probs (with grad) and entropies (detached) of the micro-batch under the current policy; with
+    recorded routes, call it inside ``replaying(model, micro.routes)`` (``update_minibatch`` does)."""
+    return rollout.token_logprobs(model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens,
+                                  temperature=temperature, return_entropy=True)
+
+
+def replaying(model, routes: Routes | None):
+    """``moe.replay_routing`` of the recorded routes (routing replay), or a block that does nothing without any.
+    Held around forward AND backward: gradient checkpointing recomputes the layers inside the backward, and a
+    recompute without the forced experts would route differently (torch raises ``CheckpointError``)."""
+    return nullcontext() if routes is None else replay_routing(model, routes)
 
 
 def router_logits_if(model, cfg: RLConfig):

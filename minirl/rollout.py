@@ -109,13 +109,61 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def check_tokenizer(tokenizer) -> None:
+    """Refuse a tokenizer that would silently corrupt a batch of prompts: right padding, or no pad token.
+
+    ``generate`` reads each row's next-token distribution at the LAST column of the padded prompts. With right
+    padding a shorter prompt ends earlier, so its first completion token would be drawn from a pad position's
+    output (on the tests' stand-in, KL 1.34 nats from the prompt's own distribution, against 0.09 between two
+    different prompts), and no metric shows it. Qwen's and SmolLM2's tokenizers pad on the right by default.
+
+    Raises:
+        ValueError: naming ``tokenizer.padding_side`` when it is not "left", or when ``pad_token_id`` is None.
+    """
+    if getattr(tokenizer, "padding_side", "left") != "left":
+        raise ValueError(f"tokenizer.padding_side is {tokenizer.padding_side!r}: minirl left-pads prompts so every "
+                         f"row's completion starts at the same column (with right padding a shorter prompt draws its "
+                         f"first token from a pad position); set tokenizer.padding_side = 'left'")
+    if tokenizer.pad_token_id is None:
+        raise ValueError("the tokenizer has no pad token (pad_token_id is None): set one, e.g. "
+                         "tokenizer.pad_token = tokenizer.eos_token (masks never read the pad id, so sharing is safe)")
+
+
+def eos_token_ids(tokenizer, model: torch.nn.Module | None = None) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and each EOS of the checkpoint's generation config.
+
+    A chat checkpoint often lists several (Qwen3: ``[151645, 151643]``, <|im_end|> and <|endoftext|>; Llama-3:
+    three), while its tokenizer names one. Stopping at the tokenizer's alone lets a row that ends in another run
+    to ``max_new_tokens`` with every later token in the loss.
+
+    Args:
+        tokenizer: supplies ``eos_token_id`` (may be None when the generation config has them).
+        model: optional; its ``generation_config.eos_token_id`` (an int or a list) is added when present.
+
+    Returns:
+        The distinct ids, the tokenizer's first.
+
+    Raises:
+        ValueError: if neither names an EOS id.
+    """
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += list(extra) if isinstance(extra, (list, tuple)) else [extra]
+    ids = list(dict.fromkeys(int(i) for i in ids if i is not None))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config names an EOS id")
+    return ids
+
+
 def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int
                       ) -> Tensor:
     """(B, T, V) raw logits that predict the completion tokens: one full-sequence forward, positions P-1 .. P+T-2.
 
     The logits at position t predict token t+1; position ids skip the left padding exactly as ``generate`` numbers
     them, so a rollout's distributions are reproduced to float precision. ``token_logprobs`` and
-    ``evaluation.sequence_kl`` both read this forward.
+    ``evaluation.sequence_kl`` both read this forward. A model whose forward takes ``logits_to_keep`` (every
+    transformers causal LM) applies its LM head to the last T + 1 positions only: (B, T + 1, V) logits instead of
+    (B, L, V), which at V = 151,936 is most of a forward's memory.
 
     Args:
         model: a causal LM returning ``.logits`` of shape (B, L, V).
@@ -134,18 +182,53 @@ def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask:
     L = input_ids.shape[1]
     if not 1 <= n_prompt_tokens < L:
         raise ValueError(f"n_prompt_tokens must be in [1, {L}) for input_ids of length {L}, got {n_prompt_tokens}")
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    return out.logits[:, n_prompt_tokens - 1:-1]
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                  position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:  # transformers LMs: lm_head on T+1 rows only
+        return model(**kwargs, logits_to_keep=L - n_prompt_tokens + 1).logits[:, :-1]
+    return model(**kwargs).logits[:, n_prompt_tokens - 1:-1]  # any other LM: the (B, L, V) logits, sliced
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
+    """log softmax(logits)[index] at every position, without a (B, T, V) log-softmax tensor.
+
+    The gathered logit minus the logsumexp over the vocabulary, one row at a time, so at most one (T, V) temporary
+    exists besides ``logits``; with grad, the logsumexp saves ``logits`` itself (no second (B, T, V) copy). Equal to
+    ``log_softmax(logits).gather(index)`` up to float round-off (a few 1e-7 relative).
+
+    Args:
+        logits: (B, T, V) float logits (already divided by the temperature).
+        index: (B, T) long, the token whose log-probability is wanted at each position.
+
+    Returns:
+        (B, T) log-probs (nats) in ``logits``' dtype.
+
+    Source: TRL's ``selective_log_softmax`` (trl/trainer/utils.py), float32 branch.
+    """
+    picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    return picked - torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T)
+
+
+@torch.no_grad()
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """(B, T) entropy (nats) of softmax(logits) at each position, one row at a time and never with grad (it is only
+    logged). ``logits``: (B, T, V) float, already divided by the temperature."""
+    def one(row: Tensor) -> Tensor:  # (T, V) -> (T,)
+        logp = F.log_softmax(row, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+    return torch.stack([one(row) for row in logits])
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, *,
-                   temperature: float = 1.0, return_entropy: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                   temperature: float = 1.0, return_entropy: bool = False, batch_size: int | None = None
+                   ) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
 
     The logits at position t predict token t+1, so the completion's log-probs come from positions
     P-1 .. P+T-2. Position ids skip the left padding exactly as ``generate`` does, so a rollout's log-probs are
-    reproduced to float precision.
+    reproduced to float precision. Memory: the forward runs on ``batch_size`` rows at a time, keeps only the
+    completion positions' logits (``completion_logits``), and never builds a (B, T, V) log-softmax
+    (``selective_log_softmax``); the entropy is computed without grad.
 
     Args:
         model: a causal LM returning ``.logits`` of shape (B, L, V).
@@ -153,25 +236,35 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
         attention_mask: (B, L).
         n_prompt_tokens: P, the padded prompt length; the completion is ``input_ids[:, P:]``.
         temperature: the sampling temperature (> 0) the completion was drawn at.
-        return_entropy: also return the (B, T) entropy (nats) of the temperature-scaled next-token distribution.
+        return_entropy: also return the (B, T) entropy (nats) of the temperature-scaled next-token distribution
+            (detached: it is a measurement, never a loss term).
+        batch_size: rows per forward (None: all B at once); for the no-grad forwards of pi_old, the reference and
+            evaluation (``RLConfig.logprob_batch_size``). Each row's result does not depend on it beyond round-off.
 
     Returns:
         (B, T) log-probs (nats) of the completion tokens, with grad if the model has grad enabled; positions after
         EOS hold the log-prob of the pad token and must be masked. With ``return_entropy``, (logprobs, entropy).
 
     Raises:
-        ValueError: on shape mismatch, P outside [1, L), or temperature <= 0.
+        ValueError: on shape mismatch, P outside [1, L), temperature <= 0 or batch_size < 1.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    ndim("input_ids", input_ids, 2, "(B, L)")
+    if batch_size is not None and batch_size < input_ids.shape[0]:
+        parts = [token_logprobs(model, ids, mask, n_prompt_tokens, temperature=temperature,
+                                return_entropy=return_entropy)
+                 for ids, mask in zip(input_ids.split(batch_size), attention_mask.split(batch_size), strict=True)]
+        if not return_entropy:
+            return torch.cat(parts)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     logits = completion_logits(model, input_ids, attention_mask, n_prompt_tokens).float() / temperature  # (B, T, V)
-    logp_all = F.log_softmax(logits, dim=-1)  # (B, T, V)
-    targets = input_ids[:, n_prompt_tokens:]  # (B, T)
-    logprobs = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    logprobs = selective_log_softmax(logits, input_ids[:, n_prompt_tokens:])  # (B, T)
     if not return_entropy:
         return logprobs
-    entropy = -(logp_all.exp() * logp_all).sum(-1)  # (B, T)
-    return logprobs, entropy
+    return logprobs, entropy_from_logits(logits)
 
 
 def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, *, reduction: str = "sum") -> Tensor:
@@ -277,18 +370,18 @@ def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
              *, temperature: float = 1.0, greedy: bool = False, record_routes: bool = False,
-             recompute_logprobs: bool = True, min_new_tokens: int = 0, record_sampler_routes: bool = False
-             ) -> Rollout:
+             recompute_logprobs: bool = True, min_new_tokens: int = 0, record_sampler_routes: bool = False,
+             batch_size: int | None = None, logprob_batch_size: int | None = None) -> Rollout:
     """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
 
     Sampling is plain ancestral sampling from softmax(logits / temperature) (``sample_tokens``): no top-k, top-p or
     any other logits processor, because the loss assumes the tokens came from exactly the distribution
     ``token_logprobs`` computes. No setting of the model's own generation config (a checkpoint's
-    generation_config.json) reaches the sampler.
+    generation_config.json) reaches the sampler, except its EOS ids: every id of ``eos_token_ids`` ends a row.
 
     Args:
         model: a causal LM (put in eval mode for sampling, restored afterwards).
-        tokenizer: the model's tokenizer (left padding, EOS set).
+        tokenizer: the model's tokenizer: left padding and a pad token (``check_tokenizer``), EOS set.
         prompts: N prompt strings.
         group_size: G >= 1 completions per prompt.
         max_new_tokens: the completion budget; completions without EOS by then are ``truncated``.
@@ -306,13 +399,17 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         record_sampler_routes: for an MoE model, record the experts the decode loop itself used
             (``Rollout.sampler_routes``, for R3). Decoding never feeds the last sampled token, so the last position
             repeats the one before it: its output predicts nothing the loss reads.
+        batch_size: rows per decode loop (the generation batch size; None: all N * G at once). The KV cache then
+            holds ``batch_size`` rows; each chunk draws its own random numbers, so the tokens differ from one loop's.
+        logprob_batch_size: rows per forward of the recomputed log-probs (``token_logprobs``' batch_size).
 
     Returns:
         A ``Rollout`` with B = N * G rows, grouped by prompt.
 
     Raises:
         ValueError: if group_size < 1, max_new_tokens < 1, temperature <= 0, min_new_tokens < 0, prompts is empty,
-            or record_routes without recompute_logprobs.
+            batch_size < 1, record_routes without recompute_logprobs, or the tokenizer pads on the right or has no
+            pad token (``check_tokenizer``).
     """
     if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or len(prompts) == 0:
         raise ValueError(f"need group_size >= 1 (got {group_size}), max_new_tokens >= 1 (got {max_new_tokens}), "
@@ -320,33 +417,43 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     if record_routes and not recompute_logprobs:
         raise ValueError("record_routes=True records the routes of the recomputing forward: it needs "
                          "recompute_logprobs=True")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+    check_tokenizer(tokenizer)
+    eos = eos_token_ids(tokenizer, model)  # the tokenizer's and the checkpoint's: any of them ends a row
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
-    with record_routing(model, along="sequence") if record_sampler_routes else nullcontext() as sampler_routes:
-        completion_ids, sampler_logprobs = sample_tokens(
-            model, prompt_ids, prompt_mask, max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy,
-            min_new_tokens=min_new_tokens)  # (B, T) each
-    if record_sampler_routes:  # positions 0 .. P+T-2 were fed; repeat the last for position P+T-1
-        sampler_routes = Routes([torch.cat([ix, ix[:, -1:]], dim=1) for ix in sampler_routes.indices],
-                                [torch.cat([h, h[:, -1:]], dim=1) for h in sampler_routes.entropy])
+    chunks, rows = [], batch_size or len(prompt_ids)  # (completion_ids, sampler_logprobs, routes) per batch
+    for ids, pmask in zip(prompt_ids.split(rows), prompt_mask.split(rows), strict=True):
+        with record_routing(model, along="sequence") if record_sampler_routes else nullcontext() as chunk_routes:
+            chunks.append((*sample_tokens(model, ids, pmask, max_new_tokens, eos_token_id=eos,
+                                          pad_token_id=tokenizer.pad_token_id, temperature=temperature,
+                                          greedy=greedy, min_new_tokens=min_new_tokens), chunk_routes))  # (b, T)
+    T = max(c[0].shape[1] for c in chunks)  # the longest chunk; shorter ones are padded after their EOS
+    completion_ids = torch.cat([F.pad(c[0], (0, T - c[0].shape[1]), value=tokenizer.pad_token_id) for c in chunks])
+    sampler_logprobs = torch.cat([F.pad(c[1], (0, T - c[1].shape[1]), value=0.0) for c in chunks])  # (B, T)
+    sampler_routes = None
+    if record_sampler_routes:  # positions 0 .. P+t-2 were fed; repeat the last for positions P+t-1 .. P+T-1
+        def widen(x):
+            return torch.cat([x, x[:, -1:].expand(-1, prompt_ids.shape[1] + T - x.shape[1], *x.shape[2:])], dim=1)
+        sampler_routes = Routes([torch.cat([widen(ix) for ix in layer]) for layer in
+                                 zip(*[c[2].indices for c in chunks], strict=True)],
+                                [torch.cat([widen(h) for h in layer]) for layer in
+                                 zip(*[c[2].entropy for c in chunks], strict=True)])
     P = prompt_ids.shape[1]
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P + T)
-    mask = completion_mask(completion_ids, tokenizer.eos_token_id)  # (B, T)
-    truncated = ~torch.isin(completion_ids, torch.tensor(tokenizer.eos_token_id, device=device)).any(-1)  # (B,)
+    mask = completion_mask(completion_ids, eos)  # (B, T)
+    truncated = ~torch.isin(completion_ids, torch.tensor(eos, device=device)).any(-1)  # (B,)
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # (B, P + T)
     routes, logprobs = None, sampler_logprobs
-    if record_routes:
-        with record_routing(model) as routes:
-            logprobs = zero_outside(token_logprobs(model, input_ids, attention_mask, P, temperature=temperature),
-                                    mask)  # (B, T)
-    elif recompute_logprobs:
-        logprobs = zero_outside(token_logprobs(model, input_ids, attention_mask, P, temperature=temperature),
-                                mask)  # (B, T)
+    if record_routes or recompute_logprobs:
+        with record_routing(model) if record_routes else nullcontext() as routes:
+            logprobs = zero_outside(token_logprobs(model, input_ids, attention_mask, P, temperature=temperature,
+                                                   batch_size=logprob_batch_size), mask)  # (B, T)
     model.train(was_training)
     return Rollout(
         input_ids=input_ids, attention_mask=attention_mask, completion_ids=completion_ids, completion_mask=mask,
