@@ -190,11 +190,12 @@ def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask:
 
 
 def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
-    """log softmax(logits)[index] at every position, without a (B, T, V) log-softmax tensor.
+    """log softmax(logits)[index] at every position, one row at a time, so no (B, T, V) log-softmax temporary.
 
-    The gathered logit minus the logsumexp over the vocabulary, one row at a time, so at most one (T, V) temporary
-    exists besides ``logits``; with grad, the logsumexp saves ``logits`` itself (no second (B, T, V) copy). Equal to
-    ``log_softmax(logits).gather(index)`` up to float round-off (a few 1e-7 relative).
+    Each row's log-softmax is a (T, V) temporary, gathered at once: without grad (pi_old, the reference,
+    evaluation) at most one exists at a time; with grad each row saves its own for the backward, which is what the
+    logits themselves would cost (the logits are freed). Bit for bit ``log_softmax(logits).gather(index)``, so the
+    toy's trajectories do not move (the logsumexp form, the gathered logit minus logsumexp, differs by round-off).
 
     Args:
         logits: (B, T, V) float logits (already divided by the temperature).
@@ -202,11 +203,9 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
 
     Returns:
         (B, T) log-probs (nats) in ``logits``' dtype.
-
-    Source: TRL's ``selective_log_softmax`` (trl/trainer/utils.py), float32 branch.
     """
-    picked = logits.gather(-1, index.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return picked - torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T)
+    return torch.stack([F.log_softmax(row, dim=-1).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+                        for row, idx in zip(logits, index, strict=True)])  # (B, T)
 
 
 @torch.no_grad()

@@ -243,7 +243,8 @@ def test_selective_log_softmax_by_hand_and_against_the_full_one():
     x = torch.randn(3, 5, 151_936, generator=torch.Generator().manual_seed(0)) * 3
     idx = torch.randint(151_936, (3, 5), generator=torch.Generator().manual_seed(1))
     full = F.log_softmax(x, -1).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(rollout.selective_log_softmax(x, idx), full, atol=2e-5, rtol=0)  # |logp| ~ 20
+    # bit for bit: the toy's trajectories (and every stored notebook figure) cannot move with this change
+    assert torch.equal(rollout.selective_log_softmax(x, idx), full)
 
 
 @pytest.mark.parametrize("batch_size", [None, 1, 3, 64])
