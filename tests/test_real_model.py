@@ -234,7 +234,6 @@ def token_logprobs_before(model, input_ids, attention_mask, P, temperature=1.0):
     return logp.gather(-1, input_ids[:, P:].unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
 
 
-# paper-index: rollout.selective_log_softmax
 def test_selective_log_softmax_by_hand_and_against_the_full_one():
     # logits [0, ln 3]: softmax [1/4, 3/4], so log-probs [-ln 4, ln 3/4]
     logits = torch.tensor([[[0.0, math.log(3)], [0.0, math.log(3)]]])
