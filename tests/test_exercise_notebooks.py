@@ -246,3 +246,24 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
         assert graded.score == graded.max_score == 2  # the experiment exercise, graded
         assert blank.score == 0, {nb.name: nb.score for nb in blank.notebooks}
         assert all(nb.max_score > 0 for nb in blank.notebooks) and len(blank.notebooks) == len(NOTEBOOKS)
+
+
+def test_experiment_check_reads_a_run_with_the_spreads_tolerance():
+    """A run equal to a stored seed up to round-off is never "outside" (issue 40: 0.06769262 against a stored
+    0.06769300 read "(min 0.0677) outside the stored range"); the tolerance is the seeds' standard deviation."""
+    from minirl.exercises import experiments
+
+    arm = {"values": [0.06769300252199173, 0.0995223045349121, 0.08696019127964974]}  # beta=0, sd 0.0161
+    assert "consistent with the stored seeds" in experiments.compare_with_spread(0.06769262, arm)
+    assert experiments.compare_with_spread(0.08, arm).endswith("inside the stored range")
+    far = experiments.compare_with_spread(0.04, arm)  # 0.0277 below the min, more than one sd
+    assert "outside the stored range (0.028 below its min, more than one seed-to-seed sd)" in far
+    assert "seeds 0.06769, 0.09952, 0.08696" in far  # the digits shown are the ones the verdict is about
+
+
+def test_experiment_errors_name_the_module_that_has_predict():
+    from minirl.exercises import experiments
+
+    experiments._PREDICTIONS.pop("beta", None)
+    with pytest.raises(RuntimeError, match=r"experiments\.predict\('beta', \.\.\.\)"):
+        experiments.run_experiment("beta")
