@@ -18,7 +18,21 @@ import torch
 import torch.nn.functional as F
 
 from minirl import advantages, checks, exercises, kl, losses, preference, rewards, rollout, sampling
-from minirl.exercises import _reference as R
+from minirl.exercises import _reference
+
+
+def _private_copy(module):
+    """A copy of ``module`` under another name: the wrong implementations below build on the answer key, which
+    refuses to run inside a check (a submission importing it is refused); the copy's functions are not refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_copy_for_the_tests", module.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+R = _private_copy(_reference)
 
 # ----------------------------------------------------------------------------------------------------------------
 # the reference solutions: the solution cells of the exercise notebooks (copies, not minirl's functions: while a
@@ -752,9 +766,43 @@ def test_accepts_the_reference_solutions(name, capsys):
 
 @pytest.mark.parametrize("name", list(MINIRL))
 def test_refuses_a_submission_that_calls_minirl(name):
-    with pytest.raises(AssertionError, match=r"the submission calls minirl\.[a-z0-9_.]+, the minirl function this "
-                       "exercise asks you to write; it is not graded"):
+    with pytest.raises(AssertionError, match=r"the submission calls minirl\.[a-z0-9_.]+, (the minirl function this "
+                       r"exercise asks you to write|a function of minirl\.[a-z_]+, a module that holds the answer of "
+                       r"exercise\(s\) [a-z0-9_, ]+); it is not graded"):
         exercises.check(name, MINIRL[name], quiet=True)
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_refuses_the_answer_key(name):
+    """Issue 40: ``from minirl.exercises._reference import gae`` passed every check (full marks under nbgrader)."""
+    key = getattr(_reference, name)
+    with pytest.raises(AssertionError, match=rf"the submission calls minirl\.exercises\._reference\.{name}, a "
+                       "function of the checker's answer key .*; it is not graded"):
+        exercises.check(name, key, quiet=True)
+
+    def through_a_helper(*args, **kwargs):  # an answer-key helper inside an otherwise own function
+        _reference.exp_lin(torch.zeros(1))
+        return REFERENCE[name](*args, **kwargs)
+
+    with pytest.raises(AssertionError, match=r"calls minirl\.exercises\._reference\.exp_lin"):
+        exercises.check(name, through_a_helper, quiet=True)
+
+
+def test_refuses_every_module_that_holds_an_answer():
+    """Any function of an answer-holding module is refused while a submission runs, not only the exercise's own:
+    here k3 through minirl.losses.aggregate (the answer of exercise aggregate)."""
+    assert {"minirl.exercises._reference", "minirl.losses", "minirl.kl", "minirl.advantages"} <= set(
+        exercises._core.answer_modules())
+
+    def k3_with_aggregate(lp, ref):
+        losses.aggregate(lp, torch.ones_like(lp), "token-mean")
+        return REFERENCE["k3"](lp, ref)
+
+    with pytest.raises(AssertionError, match=r"calls minirl\.losses\.aggregate, a function of minirl\.losses, a "
+                       r"module that holds the answer of exercise\(s\) .*aggregate"):
+        exercises.check("k3", k3_with_aggregate, quiet=True)
+    # checks.exp_linear_above, offered to students, stays usable (also through losses, which imports it)
+    exercises.check("k3", lambda lp, ref: checks.exp_linear_above(ref - lp, 20.0) - 1 - (ref - lp), quiet=True)
 
 
 def test_refusal_catches_an_alias_and_is_undone_afterwards():
