@@ -8,6 +8,7 @@ when nbgrader (the [course] extra) is not installed.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -269,3 +270,85 @@ def test_experiment_errors_name_the_module_that_has_predict():
     experiments._PREDICTIONS.pop("beta", None)
     with pytest.raises(RuntimeError, match=r"experiments\.predict\('beta', \.\.\.\)"):
         experiments.run_experiment("beta")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the student package: what a student receives holds no answer
+
+
+def _student_package(tmp_path_factory):
+    sys.path.insert(0, str(EXERCISE_DIR))
+    try:
+        import student_package
+    finally:
+        sys.path.remove(str(EXERCISE_DIR))
+    out = tmp_path_factory.mktemp("student") / "minirl-student"
+    student_package.build(out)
+    return out, student_package
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory):
+    return _student_package(tmp_path_factory)
+
+
+def test_student_package_holds_no_answer(student):
+    """No BEGIN SOLUTION region, no hidden test, no reference implementation, no lesson cell that prints an
+    exercise's solution, no written-out solution: the test fails when any reaches the package."""
+    out, sp = student
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".ipynb", ".md", ".json", ".txt", ".toml"):
+            text = path.read_text(errors="replace")
+            for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "seed=2024"):
+                assert marker not in text, (path, marker)
+    assert not (out / "tests").exists() and not (out / "notebooks" / "exercises" / "README.md").exists()
+    assert not list(out.rglob("make_release.py")) and not list(out.rglob("release"))
+    # the answer key: every function raises (exp_lin is checks.exp_linear_above, offered to students)
+    key = ast.parse((out / sp.KEY).read_text())
+    assert "def " not in (out / sp.KEY).read_text().replace("def exp_lin(", "").replace("def _absent(", "")
+    assert {n.targets[0].id for n in key.body if isinstance(n, ast.Assign)} >= set(exercises.list_exercises())
+    # the lessons: every lesson is there; none prints an answer function or writes one out
+    names = sp.answer_names()
+    lessons = sorted((out / "notebooks").glob("0*.ipynb"))
+    assert [p.name for p in lessons] == [p.name for p in sorted((ROOT / "notebooks").glob("0*.ipynb"))]
+    for path in lessons:
+        for cell in _load(path)["cells"]:
+            src = _src(cell)
+            assert sp.TAG not in cell["metadata"].get("tags", []), path.name
+            if cell["cell_type"] == "code":
+                assert not sp._still_prints(src, names), (path.name, src[:200])
+                assert sp.WRITTEN_OUT not in src, path.name
+                ast.parse("\n".join(line for line in src.split("\n") if not line.lstrip().startswith(("%", "!"))))
+                text = json.dumps(cell["outputs"])
+                for key in names:  # no stored output shows an answer function's definition
+                    assert f"def {key.split('.')[-1]}(" not in text, (path.name, key)
+    # the exercises: the stored release, one per chapter, whose lesson links point one folder up, to these lessons
+    released = sorted((out / "notebooks" / "exercises").glob("*.ipynb"))
+    assert [p.name for p in released] == [p.name for p in NOTEBOOKS]
+    for path in released:
+        assert "](../" not in path.read_text()  # no link that could lead to a source notebook
+        assert f"`{path.name}` (the lesson in the folder above this one)" in path.read_text()
+
+
+def test_student_package_checker_defers_what_needs_the_key(student):
+    """In the package the check cells work: hand cases run, the ones that need the answer key are deferred (and the
+    answer key cannot be submitted)."""
+    out, _ = student
+    code = (
+        "import torch\n"
+        "from minirl import exercises\n"
+        "from minirl.exercises import _reference\n"
+        "def k3(lp, ref):\n"
+        "    from minirl.checks import exp_linear_above\n"
+        "    return exp_linear_above(ref - lp) - 1 - (ref - lp)\n"
+        "assert exercises.check('k3', k3) == len(exercises.EXERCISES['k3'].cases)\n"
+        "try:\n"
+        "    exercises.check('k3', _reference.k3)\n"
+        "except AssertionError as e:\n"
+        "    print('refused:', 'it is not graded' in str(e))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(out), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "k3: all 3 cases that run here passed; 1 more" in proc.stdout, proc.stdout
+    assert "refused: True" in proc.stdout
