@@ -186,6 +186,14 @@ def _nbgrader(args: list[str], course: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+#: What the teacher's page puts in nbgrader_config.py so that feedback does not show the hidden tests' code
+#: (nbgrader 0.9's feedback shows every cell of the autograded notebook, hidden test regions included).
+FEEDBACK_WITHOUT_HIDDEN_TESTS = (
+    "from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor\n"
+    "from nbgrader.preprocessors import ClearHiddenTests, GetGrades\n"
+    "c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]\n"
+)
+
 GRADED_EXPERIMENT = "beta"  # the one experiment the round trip runs (each costs 1 to 3 minutes of training)
 
 
@@ -215,6 +223,7 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
         f"c.CourseDirectory.root = {str(course)!r}\n"
         f"c.CourseDirectory.course_id = {ASSIGNMENT!r}\n"
         "c.Execute.timeout = 300\n"
+        + FEEDBACK_WITHOUT_HIDDEN_TESTS
     )
 
     _nbgrader(["generate_assignment", ASSIGNMENT, "--force"], course)  # fills the gradebook with the assignment
@@ -249,6 +258,15 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
         assert graded.score == graded.max_score == 2  # the experiment exercise, graded
         assert blank.score == 0, {nb.name: nb.score for nb in blank.notebooks}
         assert all(nb.max_score > 0 for nb in blank.notebooks) and len(blank.notebooks) == len(NOTEBOOKS)
+
+    # feedback for the students: the scores, without the hidden tests' code
+    _nbgrader(["generate_feedback", ASSIGNMENT, "--force"], course)
+    feedback = sorted((course / "feedback").rglob("*.html"))
+    assert len(feedback) == 2 * len(NOTEBOOKS)
+    for path in feedback:
+        text = path.read_text()
+        assert "seed=2024" not in text and "BEGIN HIDDEN TESTS" not in text, path
+    assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "01_ppo.html").read_text()
 
 
 def test_experiment_check_reads_a_run_with_the_spreads_tolerance():

@@ -3,6 +3,7 @@
     python notebooks/exercises/make_release.py                    # rewrite release/ from the source notebooks
     python notebooks/exercises/make_release.py --check            # exit 1 if release/ is stale (what the test runs)
     python notebooks/exercises/make_release.py --student ../minirl-student   # the folder a teacher hands out
+    python notebooks/exercises/make_release.py --table            # the page's table of solution cells
 
 The release is what `nbgrader generate_assignment` makes from the source notebooks (solutions replaced by
 `raise NotImplementedError()`, hidden tests removed, outputs cleared), generated in a temporary course directory,
@@ -82,11 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Regenerate (or --check) notebooks/exercises/release/.")
     p.add_argument("--check", action="store_true", help="only compare; exit 1 when the stored release is stale")
     p.add_argument("--student", metavar="DIR", help="build the student package in DIR (from the stored release)")
+    p.add_argument("--table", action="store_true", help="regenerate the teacher's page's table of solution cells")
     args = p.parse_args(argv)
-    if args.student:
-        sys.path.insert(0, str(HERE))
-        import student_package
+    sys.path.insert(0, str(HERE))
+    import student_package
 
+    if args.table:
+        student_package.write_table()
+        print(f"rewrote the table of solution cells in {HERE / 'README.md'}")
+        return 0
+    if args.student:
         report = student_package.build(Path(args.student))
         print(report)
         return 0
