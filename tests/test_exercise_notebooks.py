@@ -189,10 +189,32 @@ def _nbgrader(args: list[str], course: Path) -> subprocess.CompletedProcess:
 #: What the teacher's page puts in nbgrader_config.py so that feedback does not show the hidden tests' code
 #: (nbgrader 0.9's feedback shows every cell of the autograded notebook, hidden test regions included).
 FEEDBACK_WITHOUT_HIDDEN_TESTS = (
-    "from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor\n"
+    "from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor, Preprocessor\n"
     "from nbgrader.preprocessors import ClearHiddenTests, GetGrades\n"
-    "c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]\n"
+    "\n"
+    "\n"
+    "class ErrorMessageOnly(Preprocessor):\n"
+    "    \"\"\"Replace each error's traceback by its last line, the checker's message (case, hint).\"\"\"\n"
+    "\n"
+    "    enabled = True\n"
+    "\n"
+    "    def preprocess_cell(self, cell, resources, index):\n"
+    "        for out in cell.get(\"outputs\", []):\n"
+    "            if out.get(\"output_type\") == \"error\":\n"
+    "                out[\"traceback\"] = [f\"{out['ename']}: {out['evalue']}\"]\n"
+    "        return cell, resources\n"
+    "\n"
+    "\n"
+    "c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, ErrorMessageOnly, CSSHTMLHeaderPreprocessor]\n"
 )
+
+
+def test_the_pages_nbgrader_config_is_the_one_the_round_trip_uses():
+    page = (EXERCISE_DIR / "README.md").read_text()
+    assert FEEDBACK_WITHOUT_HIDDEN_TESTS in page
+    assert page.index("c.Execute.timeout = 300") < page.index("nbgrader generate_assignment minirl")
+    assert page.index("c.Execute.timeout = 300") < page.index("nbgrader autograde minirl")
+
 
 GRADED_EXPERIMENT = "beta"  # the one experiment the round trip runs (each costs 1 to 3 minutes of training)
 
@@ -266,6 +288,8 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
     for path in feedback:
         text = path.read_text()
         assert "seed=2024" not in text and "BEGIN HIDDEN TESTS" not in text, path
+    blank_ppo = (course / "feedback" / "blank" / ASSIGNMENT / "01_ppo.html").read_text()
+    assert "gae: not implemented yet" in blank_ppo  # the checker's message stays, its traceback goes
     assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "01_ppo.html").read_text()
 
 
@@ -370,3 +394,11 @@ def test_student_package_checker_defers_what_needs_the_key(student):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "k3: all 3 cases that run here passed; 1 more" in proc.stdout, proc.stdout
     assert "refused: True" in proc.stdout
+
+
+def test_the_pages_table_of_solution_cells_is_generated(student):
+    """The teacher's page lists the lessons' solution-printing cells as the student package's builder finds them
+    now (regenerate: python notebooks/exercises/make_release.py --table)."""
+    _, sp = student
+    page = (EXERCISE_DIR / "README.md").read_text()
+    assert sp.page_table(page) == sp.solution_cells_table(), "run python notebooks/exercises/make_release.py --table"
