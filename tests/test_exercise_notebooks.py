@@ -8,6 +8,7 @@ when nbgrader (the [course] extra) is not installed.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -23,7 +24,8 @@ from minirl import exercises
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISE_DIR = ROOT / "notebooks" / "exercises"
 NOTEBOOKS = sorted(EXERCISE_DIR.glob("*.ipynb"))
-CHAPTERS = ["00_task_and_models", "01_ppo", "02_grpo", "03_kl_estimators", "04_dapo", "05_gspo_moe", "06_preference"]
+CHAPTERS = ["00_task_and_models", "01_ppo", "02_grpo", "03_kl_estimators", "04_dapo", "05_gspo_moe", "06_preference",
+            "08_sampler_mismatch"]  # 07 (TRL) has no exercise
 ASSIGNMENT = "minirl"
 
 
@@ -45,13 +47,14 @@ def _is_experiment(cell: dict) -> bool:
 
 def test_one_exercise_notebook_per_chapter():
     assert [p.stem for p in NOTEBOOKS] == CHAPTERS  # same names as the main notebooks, in reading order
+    assert all((ROOT / "notebooks" / f"{c}.ipynb").exists() for c in CHAPTERS)
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_nbgrader_source_format(path):
     nb = _load(path)
     solutions, checks = _nbgrader_cells(nb, "solution"), _nbgrader_cells(nb, "grade")
-    assert 2 <= len(solutions) == len(checks) <= 4
+    assert 2 <= len(solutions) == len(checks) <= 6
     grade_ids = [c["metadata"]["nbgrader"]["grade_id"] for c in solutions + checks]
     assert len(grade_ids) == len(set(grade_ids))
     for c in solutions:
@@ -183,6 +186,36 @@ def _nbgrader(args: list[str], course: Path) -> subprocess.CompletedProcess:
     return proc
 
 
+#: What the teacher's page puts in nbgrader_config.py so that feedback does not show the hidden tests' code
+#: (nbgrader 0.9's feedback shows every cell of the autograded notebook, hidden test regions included).
+FEEDBACK_WITHOUT_HIDDEN_TESTS = (
+    "from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor, Preprocessor\n"
+    "from nbgrader.preprocessors import ClearHiddenTests, GetGrades\n"
+    "\n"
+    "\n"
+    "class ErrorMessageOnly(Preprocessor):\n"
+    "    \"\"\"Replace each error's traceback by its last line, the checker's message (case, hint).\"\"\"\n"
+    "\n"
+    "    enabled = True\n"
+    "\n"
+    "    def preprocess_cell(self, cell, resources, index):\n"
+    "        for out in cell.get(\"outputs\", []):\n"
+    "            if out.get(\"output_type\") == \"error\":\n"
+    "                out[\"traceback\"] = [f\"{out['ename']}: {out['evalue']}\"]\n"
+    "        return cell, resources\n"
+    "\n"
+    "\n"
+    "c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, ErrorMessageOnly, CSSHTMLHeaderPreprocessor]\n"
+)
+
+
+def test_the_pages_nbgrader_config_is_the_one_the_round_trip_uses():
+    page = (EXERCISE_DIR / "README.md").read_text()
+    assert FEEDBACK_WITHOUT_HIDDEN_TESTS in page
+    assert page.index("c.Execute.timeout = 300") < page.index("nbgrader generate_assignment minirl")
+    assert page.index("c.Execute.timeout = 300") < page.index("nbgrader autograde minirl")
+
+
 GRADED_EXPERIMENT = "beta"  # the one experiment the round trip runs (each costs 1 to 3 minutes of training)
 
 
@@ -212,6 +245,7 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
         f"c.CourseDirectory.root = {str(course)!r}\n"
         f"c.CourseDirectory.course_id = {ASSIGNMENT!r}\n"
         "c.Execute.timeout = 300\n"
+        + FEEDBACK_WITHOUT_HIDDEN_TESTS
     )
 
     _nbgrader(["generate_assignment", ASSIGNMENT, "--force"], course)  # fills the gradebook with the assignment
@@ -246,3 +280,125 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
         assert graded.score == graded.max_score == 2  # the experiment exercise, graded
         assert blank.score == 0, {nb.name: nb.score for nb in blank.notebooks}
         assert all(nb.max_score > 0 for nb in blank.notebooks) and len(blank.notebooks) == len(NOTEBOOKS)
+
+    # feedback for the students: the scores, without the hidden tests' code
+    _nbgrader(["generate_feedback", ASSIGNMENT, "--force"], course)
+    feedback = sorted((course / "feedback").rglob("*.html"))
+    assert len(feedback) == 2 * len(NOTEBOOKS)
+    for path in feedback:
+        text = path.read_text()
+        assert "seed=2024" not in text and "BEGIN HIDDEN TESTS" not in text, path
+    blank_ppo = (course / "feedback" / "blank" / ASSIGNMENT / "01_ppo.html").read_text()
+    assert "gae: not implemented yet" in blank_ppo  # the checker's message stays, its traceback goes
+    assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "01_ppo.html").read_text()
+
+
+def test_experiment_check_reads_a_run_with_the_spreads_tolerance():
+    """A run equal to a stored seed up to round-off is never "outside" (issue 40: 0.06769262 against a stored
+    0.06769300 read "(min 0.0677) outside the stored range"); the tolerance is the seeds' standard deviation."""
+    from minirl.exercises import experiments
+
+    arm = {"values": [0.06769300252199173, 0.0995223045349121, 0.08696019127964974]}  # beta=0, sd 0.0161
+    assert "consistent with the stored seeds" in experiments.compare_with_spread(0.06769262, arm)
+    assert experiments.compare_with_spread(0.08, arm).endswith("inside the stored range")
+    far = experiments.compare_with_spread(0.04, arm)  # 0.0277 below the min, more than one sd
+    assert "outside the stored range (0.028 below its min, more than one seed-to-seed sd)" in far
+    assert "seeds 0.06769, 0.09952, 0.08696" in far  # the digits shown are the ones the verdict is about
+
+
+def test_experiment_errors_name_the_module_that_has_predict():
+    from minirl.exercises import experiments
+
+    experiments._PREDICTIONS.pop("beta", None)
+    with pytest.raises(RuntimeError, match=r"experiments\.predict\('beta', \.\.\.\)"):
+        experiments.run_experiment("beta")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the student package: what a student receives holds no answer
+
+
+def _student_package(tmp_path_factory):
+    sys.path.insert(0, str(EXERCISE_DIR))
+    try:
+        import student_package
+    finally:
+        sys.path.remove(str(EXERCISE_DIR))
+    out = tmp_path_factory.mktemp("student") / "minirl-student"
+    student_package.build(out)
+    return out, student_package
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory):
+    return _student_package(tmp_path_factory)
+
+
+def test_student_package_holds_no_answer(student):
+    """No BEGIN SOLUTION region, no hidden test, no reference implementation, no lesson cell that prints an
+    exercise's solution, no written-out solution: the test fails when any reaches the package."""
+    out, sp = student
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".ipynb", ".md", ".json", ".txt", ".toml"):
+            text = path.read_text(errors="replace")
+            for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "seed=2024"):
+                assert marker not in text, (path, marker)
+    assert not (out / "tests").exists() and not (out / "notebooks" / "exercises" / "README.md").exists()
+    assert not list(out.rglob("make_release.py")) and not list(out.rglob("release"))
+    # the answer key: every function raises (exp_lin is checks.exp_linear_above, offered to students)
+    key = ast.parse((out / sp.KEY).read_text())
+    assert "def " not in (out / sp.KEY).read_text().replace("def exp_lin(", "").replace("def _absent(", "")
+    assert {n.targets[0].id for n in key.body if isinstance(n, ast.Assign)} >= set(exercises.list_exercises())
+    # the lessons: every lesson is there; none prints an answer function or writes one out
+    names = sp.answer_names()
+    lessons = sorted((out / "notebooks").glob("0*.ipynb"))
+    assert [p.name for p in lessons] == [p.name for p in sorted((ROOT / "notebooks").glob("0*.ipynb"))]
+    for path in lessons:
+        for cell in _load(path)["cells"]:
+            src = _src(cell)
+            assert sp.TAG not in cell["metadata"].get("tags", []), path.name
+            if cell["cell_type"] == "code":
+                assert not sp._still_prints(src, names), (path.name, src[:200])
+                assert sp.WRITTEN_OUT not in src, path.name
+                ast.parse("\n".join(line for line in src.split("\n") if not line.lstrip().startswith(("%", "!"))))
+                text = json.dumps(cell["outputs"])
+                for key in names:  # no stored output shows an answer function's definition
+                    assert f"def {key.split('.')[-1]}(" not in text, (path.name, key)
+    # the exercises: the stored release, one per chapter, whose lesson links point one folder up, to these lessons
+    released = sorted((out / "notebooks" / "exercises").glob("*.ipynb"))
+    assert [p.name for p in released] == [p.name for p in NOTEBOOKS]
+    for path in released:
+        assert "](../" not in path.read_text()  # no link that could lead to a source notebook
+        assert f"`{path.name}` (the lesson in the folder above this one)" in path.read_text()
+
+
+def test_student_package_checker_defers_what_needs_the_key(student):
+    """In the package the check cells work: hand cases run, the ones that need the answer key are deferred (and the
+    answer key cannot be submitted)."""
+    out, _ = student
+    code = (
+        "import torch\n"
+        "from minirl import exercises\n"
+        "from minirl.exercises import _reference\n"
+        "def k3(lp, ref):\n"
+        "    from minirl.checks import exp_linear_above\n"
+        "    return exp_linear_above(ref - lp) - 1 - (ref - lp)\n"
+        "assert exercises.check('k3', k3) == len(exercises.EXERCISES['k3'].cases)\n"
+        "try:\n"
+        "    exercises.check('k3', _reference.k3)\n"
+        "except AssertionError as e:\n"
+        "    print('refused:', 'it is not graded' in str(e))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(out), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=out, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "k3: all 3 cases that run here passed; 1 more" in proc.stdout, proc.stdout
+    assert "refused: True" in proc.stdout
+
+
+def test_the_pages_table_of_solution_cells_is_generated(student):
+    """The teacher's page lists the lessons' solution-printing cells as the student package's builder finds them
+    now (regenerate: python notebooks/exercises/make_release.py --table)."""
+    _, sp = student
+    page = (EXERCISE_DIR / "README.md").read_text()
+    assert sp.page_table(page) == sp.solution_cells_table(), "run python notebooks/exercises/make_release.py --table"

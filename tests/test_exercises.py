@@ -17,8 +17,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minirl import advantages, checks, exercises, kl, losses, preference, rewards, rollout, sampling
-from minirl.exercises import _reference as R
+from minirl import advantages, checks, exercises, importance, kl, losses, preference, rewards, rollout, sampling
+from minirl.exercises import _reference
+
+
+def _private_copy(module):
+    """A copy of ``module`` under another name: the wrong implementations below build on the answer key, which
+    refuses to run inside a check (a submission importing it is refused); the copy's functions are not refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_copy_for_the_tests", module.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
+R = _private_copy(_reference)
 
 # ----------------------------------------------------------------------------------------------------------------
 # the reference solutions: the solution cells of the exercise notebooks (copies, not minirl's functions: while a
@@ -31,7 +45,7 @@ def _notebook_solutions() -> dict:
     """Every function defined in a solution cell of notebooks/exercises/*.ipynb, by name."""
     found = {}
     for path in sorted(EXERCISE_DIR.glob("*.ipynb")):
-        scope = {"torch": torch, "F": F, "exp_linear_above": checks.exp_linear_above}
+        scope = {"torch": torch, "F": F, "math": math, "exp_linear_above": checks.exp_linear_above}
         for cell in json.loads(path.read_text())["cells"]:
             meta = cell["metadata"].get("nbgrader", {})
             text = "".join(cell["source"])
@@ -71,6 +85,18 @@ def minirl_simpo_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, re
                                  beta=beta, gamma=gamma)
 
 
+def minirl_cispo(lp, old, adv, mask, *, eps_low=0.2, eps_high=0.2):
+    return losses.cispo_loss(lp * mask, old, adv.unsqueeze(1).expand_as(lp), mask, eps_low=eps_low, eps_high=eps_high)
+
+
+def minirl_sapo(lp, old, adv, mask, *, tau_pos=1.0, tau_neg=1.05):
+    return losses.sapo_loss(lp, old, adv.unsqueeze(1).expand_as(lp), mask, tau_pos=tau_pos, tau_neg=tau_neg)
+
+
+def minirl_seq_is_weight(old, sampler, mask, *, cap=2.0, form="product"):
+    return importance.seq_tis_weights(old, sampler, mask, cap=cap, form=form)
+
+
 def minirl_rloo(rewards_, group_size):
     return advantages.rloo_advantages(rewards_, group_size=group_size)  # r_i - mean of the other G - 1
 
@@ -99,6 +125,9 @@ MINIRL = {
     "dpo_loss": preference.dpo_loss,
     "ipo_loss": preference.ipo_loss,
     "simpo_loss_from_tokens": minirl_simpo_from_tokens,
+    "cispo_loss": minirl_cispo,
+    "sapo_loss": minirl_sapo,
+    "seq_is_weight": minirl_seq_is_weight,
 }
 
 
@@ -637,6 +666,162 @@ def simpo_naive_log_sigmoid(c, cm, r, rm, beta=2.0, gamma=1.0):
     return -torch.log(torch.sigmoid(beta * (cs - rs) - gamma)).mean()
 
 
+# 04 · cispo_loss
+
+
+def _cispo(lp, old, adv, mask, eps_low, eps_high, *, detach=True, low=True, times="logp", agg="token-mean"):
+    ratio = torch.exp((lp - old.detach()) * mask)
+    w = ratio.clamp(1 - eps_low if low else 0.0, 1 + eps_high)
+    w = w.detach() if detach else w
+    a = adv.unsqueeze(1)
+    per_token = -w * a * (lp if times == "logp" else ratio)
+    return R.aggregate(per_token, mask, agg)
+
+
+def cispo_ppo_surrogate(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
+    ratio = torch.exp((lp - old.detach()) * mask)
+    a = adv.unsqueeze(1)
+    return R.aggregate(-a * ratio.clamp(1 - eps_low, 1 + eps_high), mask, "token-mean")
+
+
+def cispo_weight_not_detached(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
+    return _cispo(lp, old, adv, mask, eps_low, eps_high, detach=False)
+
+
+def cispo_one_sided(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
+    return _cispo(lp, old, adv, mask, eps_low, eps_high, low=False)  # TRL's min(r, 1 + eps_high)
+
+
+def cispo_times_ratio(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
+    return _cispo(lp, old, adv, mask, eps_low, eps_high, times="ratio")
+
+
+def cispo_seq_mean(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
+    return _cispo(lp, old, adv, mask, eps_low, eps_high, agg="seq-mean-token-mean")
+
+
+# 04 · sapo_loss
+
+
+def _sapo(lp, old, adv, mask, tau_pos, tau_neg, *, tau_rule="advantage", scale=True, centred=True,
+          agg="seq-mean-token-mean", detach_old=True):
+    ratio = R.exp_lin((lp - (old.detach() if detach_old else old)) * mask)
+    a = adv.unsqueeze(1).expand_as(ratio)
+    if tau_rule == "advantage":
+        tau = torch.where(a > 0, tau_pos, tau_neg)
+    elif tau_rule == "swapped":
+        tau = torch.where(a > 0, tau_neg, tau_pos)
+    else:  # by the side of 1 the ratio is on (the min / max sign error, made with a gate)
+        tau = torch.where(ratio > 1, tau_pos, tau_neg)
+    gate = torch.sigmoid(tau * (ratio - 1 if centred else ratio)) * (4 / tau if scale else 1.0)
+    return R.aggregate(-gate * a, mask, agg)
+
+
+def sapo_tau_swapped(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    return _sapo(lp, old, adv, mask, tau_pos, tau_neg, tau_rule="swapped")
+
+
+def sapo_tau_by_ratio(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    return _sapo(lp, old, adv, mask, tau_pos, tau_neg, tau_rule="ratio")
+
+
+def sapo_without_scale(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    return _sapo(lp, old, adv, mask, tau_pos, tau_neg, scale=False)
+
+
+def sapo_not_centred(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    return _sapo(lp, old, adv, mask, tau_pos, tau_neg, centred=False)
+
+
+def sapo_token_mean(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    return _sapo(lp, old, adv, mask, tau_pos, tau_neg, agg="token-mean")
+
+
+def sapo_old_not_detached(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
+    return _sapo(lp, old, adv, mask, tau_pos, tau_neg, detach_old=False)
+
+
+# 08 · seq_is_weight
+
+
+def _log_w(old, sampler, mask):
+    return ((old - sampler) * mask).sum(-1)
+
+
+def is_geomean_always(old, sampler, mask, cap=2.0, form="product"):
+    return R.seq_is_weight(old, sampler, mask, cap=cap, form="geomean")
+
+
+def is_upside_down(old, sampler, mask, cap=2.0, form="product"):
+    return R.seq_is_weight(sampler, old, mask, cap=cap, form=form)
+
+
+def is_arithmetic_mean(old, sampler, mask, cap=2.0, form="product"):
+    r = (torch.exp(old - sampler) * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return r.clamp(max=cap).detach()
+
+
+def is_masked_not_truncated(old, sampler, mask, cap=2.0, form="product"):
+    w = torch.exp(_log_w(old, sampler, mask) / (1 if form == "product" else mask.sum(-1).clamp(min=1)))
+    return torch.where(w > cap, 0.0, w).detach()
+
+
+def is_no_cap(old, sampler, mask, cap=2.0, form="product"):
+    return torch.exp(_log_w(old, sampler, mask) / (1 if form == "product" else mask.sum(-1).clamp(min=1))).detach()
+
+
+def is_padding_summed(old, sampler, mask, cap=2.0, form="product"):
+    return R.seq_is_weight(old, sampler, torch.ones_like(mask), cap=cap, form=form)
+
+
+def is_nan_on_empty(old, sampler, mask, cap=2.0, form="product"):
+    log_w = _log_w(old, sampler, mask)
+    if form == "geomean":
+        log_w = log_w / mask.sum(-1)
+    return torch.exp(log_w).clamp(max=cap).detach()
+
+
+def is_not_detached(old, sampler, mask, cap=2.0, form="product"):
+    log_w = _log_w(old, sampler, mask)
+    if form == "geomean":
+        log_w = log_w / mask.sum(-1).clamp(min=1)
+    return torch.exp(log_w).clamp(max=cap)
+
+
+# 08 · align_sampler_routes
+
+
+def routes_last_missing(step_indices, batch_size):
+    return [torch.cat([s[layer].reshape(batch_size, -1, s[layer].shape[-1]) for s in step_indices], dim=1)
+            for layer in range(len(step_indices[0]))]
+
+
+def routes_shifted(step_indices, batch_size):
+    """Each sampled token given the experts of the forward that sampled it (whose input was the token before)."""
+    out = []
+    for r in routes_last_missing(step_indices, batch_size):
+        out.append(torch.cat([r[:, :1], r], dim=1))
+    return out
+
+
+def routes_rows_as_length_first(step_indices, batch_size):
+    out = []
+    for layer in range(len(step_indices[0])):
+        r = torch.cat([s[layer].reshape(-1, batch_size, s[layer].shape[-1]).transpose(0, 1) for s in step_indices],
+                      dim=1)
+        out.append(torch.cat([r, r[:, -1:]], dim=1))
+    return out
+
+
+def routes_as_float(step_indices, batch_size):
+    return [r.float() for r in R.align_sampler_routes(step_indices, batch_size)]
+
+
+def routes_per_step(step_indices, batch_size):
+    """One tensor per decode step (all layers stacked), not one per layer."""
+    return [torch.stack(step, 0) for step in step_indices]
+
+
 MISTAKES = [
     # (exercise, mistake name, wrong implementation, substring of the expected hint)
     ("completion_mask", "mask from the pad id", mask_from_pad_id, "inferred from the pad id"),
@@ -726,6 +911,30 @@ MISTAKES = [
     ("simpo_loss_from_tokens", "mean over the padded length", simpo_mean_over_T, "padded length T"),
     ("simpo_loss_from_tokens", "gamma inside beta", simpo_gamma_inside_beta, "absolute margin"),
     ("simpo_loss_from_tokens", "naive log(sigmoid)", simpo_naive_log_sigmoid, "numerically stable log-sigmoid"),
+    ("cispo_loss", "PPO's clipped surrogate", cispo_ppo_surrogate, "this is PPO's clipped surrogate"),
+    ("cispo_loss", "weight not detached", cispo_weight_not_detached, "the weight is not detached"),
+    ("cispo_loss", "one-sided weight (TRL's form)", cispo_one_sided, "raised to 1 - eps_low from below"),
+    ("cispo_loss", "the ratio in place of log pi", cispo_times_ratio, "multiplies the ratio, not log pi"),
+    ("cispo_loss", "seq-mean instead of token-mean", cispo_seq_mean, "averages per sequence first"),
+    ("sapo_loss", "temperatures swapped", sapo_tau_swapped, "temperatures are swapped"),
+    ("sapo_loss", "temperature by the ratio's side", sapo_tau_by_ratio, "sign of the ADVANTAGE"),
+    ("sapo_loss", "without 4 / tau", sapo_without_scale, "the 4 / tau makes"),
+    ("sapo_loss", "gate not centred at r = 1", sapo_not_centred, "centred at r = 1"),
+    ("sapo_loss", "token-mean aggregation", sapo_token_mean, "DAPO's mode, not GRPO's"),
+    ("sapo_loss", "old log-prob not detached", sapo_old_not_detached, "detach the behaviour"),
+    ("seq_is_weight", "geometric mean for the product", is_geomean_always, "geometric mean of the token ratios"),
+    ("seq_is_weight", "ratio upside down", is_upside_down, "upside down"),
+    ("seq_is_weight", "arithmetic mean of the ratios", is_arithmetic_mean, "arithmetic mean"),
+    ("seq_is_weight", "masked instead of truncated", is_masked_not_truncated, "masked IS (MIS)"),
+    ("seq_is_weight", "no cap", is_no_cap, "truncate the weight at cap"),
+    ("seq_is_weight", "padding summed", is_padding_summed, "padding holds garbage"),
+    ("seq_is_weight", "NaN for an empty row", is_nan_on_empty, "empty product"),
+    ("seq_is_weight", "weights not detached", is_not_detached, "detach them"),
+    ("align_sampler_routes", "no route for the last sampled token", routes_last_missing, "never feeds the last"),
+    ("align_sampler_routes", "shifted by one (the sampling forward's experts)", routes_shifted, "shifted by one"),
+    ("align_sampler_routes", "tokens read as (L, B)", routes_rows_as_length_first, "row by row"),
+    ("align_sampler_routes", "float indices", routes_as_float, "integers (torch.long)"),
+    ("align_sampler_routes", "one tensor per step, not per layer", routes_per_step, "tensor per LAYER"),
 ]
 
 
@@ -734,11 +943,11 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """At least 15 exercises over the 7 chapters, 2-4 per chapter; every exercise has a reference here."""
+    """At least 15 exercises over 8 chapters (07 has none), 2-5 per chapter; every exercise has a reference here."""
     names = exercises.list_exercises()
     assert len(names) >= 15
-    for chapter in ("00", "01", "02", "03", "04", "05", "06"):
-        assert 2 <= len(exercises.list_exercises(chapter)) <= 4, chapter
+    for chapter in ("00", "01", "02", "03", "04", "05", "06", "08"):
+        assert 2 <= len(exercises.list_exercises(chapter)) <= 5, chapter
     assert set(REFERENCE) == set(names)
 
 
@@ -752,9 +961,43 @@ def test_accepts_the_reference_solutions(name, capsys):
 
 @pytest.mark.parametrize("name", list(MINIRL))
 def test_refuses_a_submission_that_calls_minirl(name):
-    with pytest.raises(AssertionError, match=r"the submission calls minirl\.[a-z0-9_.]+, the minirl function this "
-                       "exercise asks you to write; it is not graded"):
+    with pytest.raises(AssertionError, match=r"the submission calls minirl\.[a-z0-9_.]+, (the minirl function this "
+                       r"exercise asks you to write|a function of minirl\.[a-z_]+, a module that holds the answer of "
+                       r"exercise\(s\) [a-z0-9_, ]+); it is not graded"):
         exercises.check(name, MINIRL[name], quiet=True)
+
+
+@pytest.mark.parametrize("name", list(REFERENCE))
+def test_refuses_the_answer_key(name):
+    """Issue 40: ``from minirl.exercises._reference import gae`` passed every check (full marks under nbgrader)."""
+    key = getattr(_reference, name)
+    with pytest.raises(AssertionError, match=rf"the submission calls minirl\.exercises\._reference\.{name}, a "
+                       "function of the checker's answer key .*; it is not graded"):
+        exercises.check(name, key, quiet=True)
+
+    def through_a_helper(*args, **kwargs):  # an answer-key helper inside an otherwise own function
+        _reference.exp_lin(torch.zeros(1))
+        return REFERENCE[name](*args, **kwargs)
+
+    with pytest.raises(AssertionError, match=r"calls minirl\.exercises\._reference\.exp_lin"):
+        exercises.check(name, through_a_helper, quiet=True)
+
+
+def test_refuses_every_module_that_holds_an_answer():
+    """Any function of an answer-holding module is refused while a submission runs, not only the exercise's own:
+    here k3 through minirl.losses.aggregate (the answer of exercise aggregate)."""
+    assert {"minirl.exercises._reference", "minirl.losses", "minirl.kl", "minirl.advantages"} <= set(
+        exercises._core.answer_modules())
+
+    def k3_with_aggregate(lp, ref):
+        losses.aggregate(lp, torch.ones_like(lp), "token-mean")
+        return REFERENCE["k3"](lp, ref)
+
+    with pytest.raises(AssertionError, match=r"calls minirl\.losses\.aggregate, a function of minirl\.losses, a "
+                       r"module that holds the answer of exercise\(s\) .*aggregate"):
+        exercises.check("k3", k3_with_aggregate, quiet=True)
+    # checks.exp_linear_above, offered to students, stays usable (also through losses, which imports it)
+    exercises.check("k3", lambda lp, ref: checks.exp_linear_above(ref - lp, 20.0) - 1 - (ref - lp), quiet=True)
 
 
 def test_refusal_catches_an_alias_and_is_undone_afterwards():
@@ -770,13 +1013,24 @@ def test_refusal_catches_an_alias_and_is_undone_afterwards():
     assert loss.item() == -1.0  # ratio 1, A = 1: -(1 + 1) / 2
 
 
+def _tensors(args) -> list:
+    """The tensors among ``args``, nested lists included (align_sampler_routes takes a list of lists)."""
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, list | tuple):
+            found += _tensors(a)
+    return found
+
+
 @pytest.mark.parametrize("name", list(REFERENCE))
 def test_every_exercise_has_a_seeded_random_case(name):
     """The hidden rerun (another seed) feeds the function inputs it has not seen: some case depends on the seed."""
 
     def recording(seen):
         def fn(*args, **kwargs):
-            seen.add(tuple(round(float(a.double().sum()), 6) for a in args if isinstance(a, torch.Tensor)))
+            seen.add(tuple(round(float(a.detach().double().sum()), 6) for a in _tensors(args)))
             return REFERENCE[name](*args, **kwargs)
         return fn
 
@@ -829,6 +1083,56 @@ def test_the_checkers_copies_agree_with_minirl():
     m2 = mask[[0, 1, 3]]
     close(R.simpo_loss_from_tokens(lp[[0, 1, 3]], m2, old[[0, 1, 3]], m2, beta=1.5, gamma=0.3),
           minirl_simpo_from_tokens(lp[[0, 1, 3]], m2, old[[0, 1, 3]], m2, beta=1.5, gamma=0.3)[0])
+
+
+def test_the_checkers_new_loss_and_weight_copies_agree_with_minirl():
+    g = torch.Generator().manual_seed(1)
+    mask = (torch.arange(6) < torch.tensor([6, 2, 0, 4]).unsqueeze(1)).float()
+    lp, old = (-torch.rand(4, 6, generator=g) * 3 for _ in range(2))
+    adv = torch.randn(4, generator=g)
+    close = torch.testing.assert_close
+    close(R.cispo_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.28),
+          minirl_cispo(lp, old, adv, mask, eps_low=0.2, eps_high=0.28)[0])
+    close(R.sapo_loss(lp, old, adv, mask, tau_pos=0.7, tau_neg=1.4),
+          minirl_sapo(lp, old, adv, mask, tau_pos=0.7, tau_neg=1.4)[0])
+    for form in ("product", "geomean"):
+        close(R.seq_is_weight(lp, old, mask, cap=1.5, form=form), minirl_seq_is_weight(lp, old, mask, cap=1.5,
+                                                                                       form=form))
+
+
+def test_the_checkers_route_alignment_copy_agrees_with_minirls_rollout():
+    """R.align_sampler_routes on what the routers return while rollout.generate decodes == the sampler_routes that
+    generate(record_sampler_routes=True) stores (and R3 replays)."""
+    from minirl import models, moe
+    from minirl.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    model = models.tiny_moe(tok, hidden_size=32, num_layers=2, num_heads=2, seed=0)
+    layers = moe.routers(model)
+    raw: list[list] = []
+
+    def on_model(module, args, kwargs):
+        raw.append([None] * len(layers))
+
+    def make_hook(i):
+        def hook(module, inputs, output):
+            raw[-1][i] = output[2].detach().clone()  # (tokens, k), as the router returns them
+        return hook
+
+    handles = [model.register_forward_pre_hook(on_model, with_kwargs=True)]
+    handles += [r.register_forward_hook(make_hook(i)) for i, r in enumerate(layers)]
+    torch.manual_seed(0)
+    try:
+        r = rollout.generate(model, tok, ["1+2=", "12+3="], 2, 6, recompute_logprobs=False,
+                             record_sampler_routes=True)
+    finally:
+        for h in handles:
+            h.remove()
+    aligned = R.align_sampler_routes(raw, r.input_ids.shape[0])
+    assert len(aligned) == len(r.sampler_routes.indices)
+    for a, b in zip(aligned, r.sampler_routes.indices, strict=True):
+        assert a.shape == b.shape == (*r.input_ids.shape, b.shape[-1])
+        assert torch.equal(a, b)
 
 
 def test_the_checkers_token_logprobs_copy_agrees_with_minirl():

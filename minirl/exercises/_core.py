@@ -5,11 +5,13 @@ Each exercise of ``notebooks/exercises/`` asks for one function that minirl impl
 cases worked out by hand (values and gradients), on edge cases the field got wrong (groups of equal rewards,
 padding that holds garbage, empty rows, a fully masked batch, extreme log-ratios), and on seeded random inputs
 compared with the checker's own reference copy (``_reference``; the seed makes a hidden rerun a new input). While
-a check runs, the minirl functions the exercise reimplements refuse to run, so a submission that calls them is
-not graded. The first case that fails raises ``AssertionError`` naming the case and the most
-likely mistake, recognised from the wrong value it produces ("this is the per-token mean over the whole batch:
-DAPO's mode, not GRPO's"); the message never shows how to write the function. Every named mistake has a wrong
-implementation in ``tests/test_exercises.py`` that the checker is shown to reject with that hint.
+the submission runs, every function of a module that holds an exercise's answer refuses to run (``answer_modules``:
+the answer key ``_reference`` and the minirl modules the exercises reimplement), so a submission that calls one is
+not graded. In the student package ``_reference`` is a stand-in that raises ``_NoReference``: the cases that need
+it are deferred to grading, the others run. The first case that fails raises ``AssertionError`` naming the case
+and the most likely mistake, recognised from the wrong value it produces ("this is the per-token mean over the
+whole batch: DAPO's mode, not GRPO's"); the message never shows how to write the function. Every named mistake
+has a wrong implementation in ``tests/test_exercises.py`` that the checker is shown to reject with that hint.
 
 Usage in a notebook::
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -84,7 +85,7 @@ def _case(ex: Exercise, name: str, hint: str):
 
 
 def list_exercises(chapter: str | None = None) -> list[str]:
-    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00" ... "06").
+    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00" ... "08").
 
     Returns:
         A list of names accepted by ``check``.
@@ -108,7 +109,8 @@ def check(name: str, fn: Callable, *, seed: int = 0, quiet: bool = False) -> int
         quiet: do not print the success line.
 
     Returns:
-        The number of cases passed (all of them).
+        The number of cases: all passed (in the student package, where the answer key is absent, the cases that
+        compare with it are deferred to grading and counted, so a check cell's ``== N`` holds there too).
 
     Raises:
         KeyError: if ``name`` is not an exercise.
@@ -124,50 +126,100 @@ def check(name: str, fn: Callable, *, seed: int = 0, quiet: bool = False) -> int
     if not callable(fn):
         raise TypeError(f"check({name!r}, fn) needs a function, got {type(fn).__name__}")
     ex = EXERCISES[name]
-    with _refusing(ex.blocked):
-        for i, (case_name, hint, run) in enumerate(ex.cases, start=1):
-            _run_case(ex, fn, i, case_name, hint, run, seed)
+    guarded = _guarded(fn)
+    deferred = 0
+    for i, (case_name, hint, run) in enumerate(ex.cases, start=1):
+        deferred += _run_case(ex, guarded, i, case_name, hint, run, seed)
     if not quiet:
-        print(f"{name}: all {len(ex.cases)} cases passed")
+        print(f"{name}: all {len(ex.cases)} cases passed" if not deferred else
+              f"{name}: all {len(ex.cases) - deferred} cases that run here passed; {deferred} more (compared with the "
+              "reference implementation, which is not in the student package) run when your work is graded")
     return len(ex.cases)
 
 
 class _CallsMinirl(Exception):
-    """Raised by a minirl function that the exercise being graded reimplements."""
+    """Raised by a function of a module that holds an exercise's answer, called by the submission being graded."""
 
 
-@contextmanager
-def _refusing(blocked: tuple[str, ...]):
-    """While grading, make each minirl function in ``blocked`` raise ``_CallsMinirl`` when called.
+class _NoReference(Exception):
+    """Raised by the student package's stand-in for ``_reference`` (the answer key is the teacher's): the case that
+    needs it is deferred to grading."""
 
-    The function's code object is swapped, so every reference to it is caught: ``minirl.losses.policy_loss``,
-    ``from minirl.losses import policy_loss`` made before the check, and the re-export ``minirl.policy_loss``.
-    The checker itself never calls minirl's math (its references are the copies in ``_reference``).
-    """
-    saved = []
-    try:
-        for dotted in blocked:
-            module, attr = dotted.rsplit(".", 1)
-            f = getattr(importlib.import_module(module), attr)
+
+#: Besides the minirl modules named in the exercises' ``blocked`` lists, the checker's own answer key.
+ANSWER_KEY = "minirl.exercises._reference"
+
+
+def answer_modules() -> list[str]:
+    """The modules that hold an exercise's answer: the checker's answer key (``_reference``) and every minirl module
+    with a function some exercise reimplements (``Exercise.blocked``). While a submission runs inside ``check``,
+    every function defined in them refuses to run."""
+    return sorted({dotted.rsplit(".", 1)[0] for ex in EXERCISES.values() for dotted in ex.blocked} | {ANSWER_KEY})
+
+
+_REFUSED: dict = {}  # function -> (its own code, the code that refuses), built once
+
+
+def _refusable() -> dict:
+    """{function: (code, refusing code)} for every function defined in an answer module (decorators unwrapped;
+    a function with a closure cannot have its code swapped and is skipped: none of minirl's math has one)."""
+    if _REFUSED:
+        return _REFUSED
+    import inspect
+
+    for module_name in answer_modules():
+        module = importlib.import_module(module_name)
+        for attr, obj in vars(module).items():
+            f = inspect.unwrap(obj) if callable(obj) else None
+            if not inspect.isfunction(f) or f.__module__ != module_name or f.__code__.co_freevars:
+                continue
             scope: dict = {}
-            exec(f"def _refused(*args, **kwargs):\n    raise __import__('minirl.exercises._core', fromlist=['_']"
-                 f")._CallsMinirl({dotted!r})\n", scope)
-            saved.append((f, f.__code__))
-            f.__code__ = scope["_refused"].__code__
-        yield
-    finally:
-        for f, code in saved:
-            f.__code__ = code
+            exec(f"def _refused(*args, **kwargs):\n    raise __import__('minirl.exercises._core', fromlist=['_'])"
+                 f"._CallsMinirl({module_name + '.' + attr!r})\n", scope)
+            _REFUSED[f] = (f.__code__, scope["_refused"].__code__)
+    return _REFUSED
 
 
-def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run: Callable, seed: int) -> None:
+def _guarded(fn: Callable) -> Callable:
+    """``fn``, made to run with every function of the answer modules refusing (their code swapped, so any reference
+    to one, ``from minirl.exercises._reference import gae`` or ``from minirl.losses import policy_loss`` made before
+    the check, is caught) and restored after each call. The checker's own references run between the calls."""
+    refusable = _refusable()
+
+    def guarded(*args, **kwargs):
+        for f, (_, refusing) in refusable.items():
+            f.__code__ = refusing
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for f, (code, _) in refusable.items():
+                f.__code__ = code
+
+    return guarded
+
+
+def _refusal_message(ex: Exercise, dotted: str) -> str:
+    module = dotted.rsplit(".", 1)[0]
+    if dotted in ex.blocked:
+        what = "the minirl function this exercise asks you to write"
+    elif module == ANSWER_KEY:
+        what = "a function of the checker's answer key (the teacher's reference implementations)"
+    else:
+        holders = [e.name for e in EXERCISES.values() if any(b.startswith(module + ".") for b in e.blocked)]
+        what = f"a function of {module}, a module that holds the answer of exercise(s) {', '.join(holders)}"
+    return f"{ex.name}: the submission calls {dotted}, {what}; it is not graded. Write it with torch only."
+
+
+def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run: Callable, seed: int) -> int:
+    """Run one case; return 1 when it was deferred to grading (no answer key here), else 0; raise AssertionError."""
     name = ex.name
     where = f"{name}: case {i}/{len(ex.cases)} '{case_name}' failed"
     try:
         run(fn, torch.Generator().manual_seed(1000 * seed + i))
+    except _NoReference:
+        return 1
     except _CallsMinirl as c:
-        raise AssertionError(f"{name}: the submission calls {c.args[0]}, the minirl function this exercise asks "
-                             f"you to write; it is not graded. Write it with torch only.") from None
+        raise AssertionError(_refusal_message(ex, c.args[0])) from None
     except _Mismatch as m:
         detail = f"\n  ({m.detail})" if m.detail else ""
         raise AssertionError(f"{where}.\n  Likely mistake: {m.hint or hint}{detail}") from None
@@ -175,6 +227,7 @@ def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run
         raise AssertionError(f"{name}: not implemented yet (the function raised NotImplementedError)") from None
     except Exception as e:  # the student's code crashed: show its error and the case's hint
         raise AssertionError(f"{where}: the function raised {type(e).__name__}: {e}\n  Hint: {hint}") from e
+    return 0
 
 
 def _fmt(t: Tensor) -> str:

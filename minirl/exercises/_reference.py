@@ -179,3 +179,36 @@ def simpo_loss_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, reje
     c = sequence_logprobs(chosen_logprobs, chosen_mask, reduction="mean")
     r = sequence_logprobs(rejected_logprobs, rejected_mask, reduction="mean")
     return -F.logsigmoid(beta * (c - r) - gamma).mean()
+
+
+def cispo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.2, eps_high=0.2):
+    m = mask.to(logprobs.dtype)
+    ratio = exp_lin(torch.where(m > 0, logprobs - old_logprobs, 0.0)).detach()
+    weight = ratio.clamp(1 - eps_low, 1 + eps_high)  # sg(w), two-sided (the paper's eq. 5, verl)
+    return _token_mean(-weight * advantages.unsqueeze(1) * torch.where(m > 0, logprobs, 0.0), m)
+
+
+def sapo_loss(logprobs, old_logprobs, advantages, mask, *, tau_pos=1.0, tau_neg=1.05):
+    m = mask.to(logprobs.dtype)
+    ratio = exp_lin(torch.where(m > 0, logprobs - old_logprobs.detach(), 0.0))
+    a = advantages.unsqueeze(1).expand_as(ratio)
+    tau = torch.full_like(ratio, tau_neg).masked_fill(a > 0, tau_pos)
+    gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
+    return _seq_mean_token_mean(-gate * a, m)
+
+
+def seq_is_weight(old_logprobs, sampler_logprobs, mask, *, cap=2.0, form="product"):
+    valid = mask > 0
+    log_w = torch.where(valid, old_logprobs.detach() - sampler_logprobs.detach(), 0.0).sum(-1)
+    if form == "geomean":
+        log_w = log_w / valid.sum(-1).clamp(min=1)
+    return torch.exp(log_w.clamp(max=math.log(cap)))  # a row with no valid token: e^0 = 1
+
+
+def align_sampler_routes(step_indices, batch_size):
+    layers = []
+    for layer in range(len(step_indices[0])):
+        steps = [step[layer].reshape(batch_size, -1, step[layer].shape[-1]) for step in step_indices]
+        routes = torch.cat(steps, dim=1)  # (B, P + T - 1, k): the positions the decode loop fed
+        layers.append(torch.cat([routes, routes[:, -1:]], dim=1))  # the last sampled token was never fed
+    return layers

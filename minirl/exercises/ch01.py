@@ -95,7 +95,7 @@ def _(fn, gen):
 ex = _exercise("clipped_surrogate", "01",
                "clipped_surrogate(logprobs, old_logprobs, advantages, mask, *, eps_low=0.2, eps_high=None) -> loss",
                "minirl.losses.token_clip_loss (agg='token-mean'; policy_loss level='token')",
-               ("minirl.losses.policy_loss", "minirl.losses.token_clip_loss"))
+               ("minirl.losses.policy_loss", "minirl.losses.token_clip_loss", "minirl.losses._clipped_surrogate"))
 UPSIDE_DOWN_RATIO = "the ratio is upside down: it is pi / pi_old, i.e. exp(logprobs - old_logprobs)"
 OPTIMISTIC = ("takes the optimistic branch: the loss is the MAX of -A * r and -A * clip(r) (the min of the two "
               "objectives); the clipped branch then wins, and the gradient is 0, only once the ratio has moved past "

@@ -1,4 +1,4 @@
-"""Exercises of chapter 04: DAPO.
+"""Exercises of chapter 04: DAPO, and the losses that keep the gradient PPO's clip removes (CISPO, SAPO).
 
 Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
 (``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
@@ -10,11 +10,15 @@ from torch import Tensor
 
 from . import _reference as ref
 from ._core import (
+    NEEDS_FINITE,
+    OLD_DETACHED,
     _case,
     _exercise,
     _expect,
+    _expect_finite,
     _grad,
     _leaf,
+    _loss,
     _prefix_mask,
     _t,
 )
@@ -166,3 +170,199 @@ def _(fn, gen):
     g = r.view(10, 4)
     _expect(fn(r, 4), ref.has_signal(r, 4), [((g > 0).any(1).double(), ANY_CORRECT),
                                              (ref.has_signal(r.view(4, 10).t().reshape(-1), 4).double(), LAYOUT)])
+
+
+# ================================================================================================================
+# 04 · beyond the clip: CISPO and SAPO (notebook 04, section 1b)
+
+ex = _exercise("cispo_loss", "04", "cispo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.2, eps_high=0.2) "
+               "-> loss (token-mean; advantages (B,))", "minirl.losses.cispo_loss (form='two-sided', agg='token-mean')",
+               ("minirl.losses.cispo_loss", "minirl.losses.policy_loss"))
+CISPO_IS_NOT_PPO = ("this is PPO's clipped surrogate -A * clip(r): CISPO multiplies the DETACHED, clipped weight by "
+                    "log pi (REINFORCE's -A log pi), so a token whose ratio left the band keeps its gradient "
+                    "(only its weight stops growing)")
+RATIO_NOT_LOGP = ("the detached weight multiplies the ratio, not log pi(y_t): on-policy the two have the same "
+                  "gradient, but the loss is -sg(w) * A * log pi (MiniMax-M1 eq. 4)")
+WEIGHT_NOT_DETACHED = ("the weight is not detached: CISPO's gradient is -w * A * d log pi with w a constant "
+                       "(sg(w), eq. 4); without the stop-gradient the ratio inside the band adds its own gradient")
+PPO_OR_RATIO = ("the loss is -sg(w) * A * log pi: this is PPO's clipped surrogate -A * clip(r), or the detached "
+                "weight multiplies the ratio, not log pi(y_t) (on-policy both have CISPO's gradient, not its loss)")
+ONE_SIDED = ("the weight is also raised to 1 - eps_low from below: the two-sided clip of the paper's eq. 5 (verl); "
+             "min(r, 1 + eps_high) alone is TRL's one-sided form, another setting")
+
+
+def _cispo(fn, lp, old, adv, mask, **settings):
+    return _loss(fn(lp, old, adv, mask, **settings))
+
+
+@_case(ex, "on-policy, by hand", RATIO_NOT_LOGP)
+def _(fn, gen):
+    lp = _leaf([[-1.0, -2.0]])
+    loss = _cispo(fn, lp, _t([[-1.0, -2.0]]), _t([1.0]), _t([[1, 1]]))
+    # w = 1, A = +1: (-1 * -1 + -1 * -2) / 2 = 1.5; PPO (or the ratio in place of log pi): (-1 - 1) / 2 = -1.0
+    _expect(loss, 1.5, [(-1.0, PPO_OR_RATIO)], what="the loss")
+    # -w * A / 2 tokens; with the weight not detached: (-r - lp * r) / 2 = (0, 0.5)
+    _expect(_grad(loss, lp), [[-0.5, -0.5]], [([[0.0, 0.5]], WEIGHT_NOT_DETACHED)], what="the gradient")
+
+
+@_case(ex, "inside the band: the weight carries no gradient", WEIGHT_NOT_DETACHED)
+def _(fn, gen):
+    lp = _leaf([[-0.9]])
+    loss = _cispo(fn, lp, _t([[-1.0]]), _t([1.0]), _t([[1]]), eps_low=0.2, eps_high=0.2)
+    # r = e^0.1 = 1.105171 inside [0.8, 1.2]: loss -1.105171 * (-0.9) = 0.994654, gradient -w = -1.105171;
+    # not detached: d(-r * lp) = -r - lp * r = -1.105171 + 0.994654 = -0.110517
+    _expect(loss, 0.994654, what="the loss")
+    _expect(_grad(loss, lp), [[-1.105171]], [([[-0.110517]], WEIGHT_NOT_DETACHED)], what="the gradient")
+
+
+@_case(ex, "ratio above 1 + eps_high with A > 0: capped weight, the gradient stays", CISPO_IS_NOT_PPO)
+def _(fn, gen):
+    lp = _leaf([[-0.5]])
+    loss = _cispo(fn, lp, _t([[-1.0]]), _t([1.0]), _t([[1]]), eps_low=0.2, eps_high=0.28)
+    # r = e^0.5 = 1.648721 > 1.28: w = 1.28, loss -1.28 * (-0.5) = 0.64, gradient -1.28;
+    # PPO: -A * clip(r) = -1.28 with gradient 0; the weight times the ratio: -1.28 * 1.648721 = -2.110363
+    _expect(loss, 0.64, [(-1.28, CISPO_IS_NOT_PPO), (-2.110363, RATIO_NOT_LOGP)], what="the loss")
+    _expect(_grad(loss, lp), [[-1.28]], [([[0.0]], CISPO_IS_NOT_PPO)], what="the gradient")
+
+
+@_case(ex, "ratio below 1 - eps_low with A < 0: the weight is raised to 1 - eps_low", ONE_SIDED)
+def _(fn, gen):
+    lp = _leaf([[-1.5]])
+    loss = _cispo(fn, lp, _t([[-1.0]]), _t([-1.0]), _t([[1]]), eps_low=0.2, eps_high=0.28)
+    # r = e^-0.5 = 0.606531 < 0.8: w = 0.8, loss -0.8 * (-1) * (-1.5) = -1.2, gradient -w * A = 0.8;
+    # one-sided w = r: loss -0.909796, gradient 0.606531; PPO: -A * clip(r) = 0.8
+    _expect(loss, -1.2, [(-0.909796, ONE_SIDED), (0.8, CISPO_IS_NOT_PPO)], what="the loss")
+    _expect(_grad(loss, lp), [[0.8]], [([[0.606531]], ONE_SIDED)], what="the gradient")
+
+
+@_case(ex, "the defaults: eps_low 0.2, eps_high 0.2", "the default clip range of the weight is [0.8, 1.2]")
+def _(fn, gen):
+    lp = _leaf([[-0.75, -1.3]])
+    loss = _cispo(fn, lp, _t([[-1.0, -1.0]]), _t([1.0]), _t([[1, 1]]))
+    # r = e^0.25 = 1.284025 -> w 1.2; r = e^-0.3 = 0.740818 -> w 0.8: (0.9 + 1.04) / 2 = 0.97;
+    # one-sided (w = 0.740818 on the second token): (0.9 + 0.963063) / 2 = 0.931532
+    _expect(loss, 0.97, [(0.931532, ONE_SIDED)], what="the loss")
+    _expect(_grad(loss, lp), [[-0.6, -0.4]], what="the gradient")
+
+
+@_case(ex, "token-mean over rows of different lengths, garbage in padding", SEQ_MEAN_NOT_TOKEN)
+def _(fn, gen):
+    lp = _t([[-1.0, -1.0, -50.0], [-2.0, 0.0, 0.0]])
+    old = _t([[-1.0, -1.0, 0.0], [-2.0, 0.0, 0.0]])
+    loss = _cispo(fn, lp, old, _t([1.0, -1.0]), _t([[1, 1, 0], [1, 0, 0]]))
+    # w = 1 on the valid tokens: 1, 1 (A = +1) and -2 (A = -1, log pi -2): (1 + 1 - 2) / 3 = 0; seq-mean -0.5
+    _expect(loss, 0.0, [(-0.5, SEQ_MEAN_NOT_TOKEN)], what="the loss")
+
+
+@_case(ex, "random ratios on both sides of both bounds, against the definition", CISPO_IS_NOT_PPO)
+def _(fn, gen):
+    mask = _prefix_mask([6, 2, 5, 4], 6)
+    lp = (-torch.rand(4, 6, generator=gen) * 2).requires_grad_(True)
+    old = lp.detach() + 0.4 * torch.randn(4, 6, generator=gen)  # ratios from about 0.3 to 3
+    adv = torch.tensor([1.0, -1.0, 0.5, -2.0]) * (1 + torch.rand(4, generator=gen))
+    want = ref.cispo_loss(lp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    loss = _cispo(fn, lp, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    _expect(loss, want.detach(), what="the loss")
+    _expect(_grad(loss, lp), torch.autograd.grad(want, lp)[0], what="the gradient")
+
+
+# --------------------------------------------------------------------------------------------------- sapo_loss
+
+ex = _exercise("sapo_loss", "04", "sapo_loss(logprobs, old_logprobs, advantages, mask, *, tau_pos=1.0, tau_neg=1.05) "
+               "-> loss (seq-mean-token-mean; advantages (B,))", "minirl.losses.sapo_loss",
+               ("minirl.losses.sapo_loss", "minirl.losses.policy_loss"))
+TAU_SWAPPED = ("the temperatures are swapped: tau_pos is for tokens with a positive advantage, tau_neg for A <= 0 "
+               "(SAPO eq. 6: negative tokens decay faster)")
+TAU_BY_RATIO = ("the temperature follows the sign of the ADVANTAGE, not the side of 1 the ratio is on (the sign "
+                "error of a clip's min / max, made again with a gate)")
+NO_SCALE = ("the gate is (4 / tau) * sigmoid(tau (r - 1)): the 4 / tau makes its on-policy gradient exactly the plain "
+            "policy gradient -A, whatever tau")
+NOT_CENTRED = "the gate is centred at r = 1: sigmoid(tau * (r - 1)), not sigmoid(tau * r)"
+
+
+def _sapo(fn, lp, old, adv, mask, **settings):
+    return _loss(fn(lp, old, adv, mask, **settings))
+
+
+@_case(ex, "on-policy, A > 0 and A < 0, the defaults (tau 1.0 / 1.05), by hand", NO_SCALE)
+def _(fn, gen):
+    lp = _leaf([[-1.0], [-2.0]])
+    loss = _sapo(fn, lp, _t([[-1.0], [-2.0]]), _t([1.0, -0.5]), _t([[1], [1]]))
+    # r = 1, sigmoid(0) = 0.5: f = 2 / tau. Row 0 (A = 1, tau 1): -2; row 1 (A = -0.5, tau 1.05): 0.5 * 1.904762;
+    # mean over the 2 rows -0.523810. Swapped: -0.452381; without 4 / tau: -0.125; tau by r > 1: -0.476190
+    # not centred, sigmoid(tau * r): -0.756617
+    _expect(loss, -0.523810, [(-0.452381, TAU_SWAPPED), (-0.125, NO_SCALE), (-0.476190, TAU_BY_RATIO),
+                              (-0.756617, NOT_CENTRED)], what="the loss")
+    # on-policy the gradient is the plain policy gradient -A, / 2 rows
+    _expect(_grad(loss, lp), [[-0.5], [0.25]], what="the gradient")
+
+
+@_case(ex, "ratio above 1 with A > 0, by hand", NOT_CENTRED)
+def _(fn, gen):
+    lp = _leaf([[-0.5]])
+    loss = _sapo(fn, lp, _t([[-1.0]]), _t([1.0]), _t([[1]]), tau_pos=1.0, tau_neg=2.0)
+    # r = e^0.5 = 1.648721, s = sigmoid(0.648721) = 0.656722: f = 4 s = 2.626889, loss -2.626889,
+    # gradient -4 r s (1 - s) = -1.486739 (PPO's is 0 there); sigmoid(tau * r): f = 3.354873
+    _expect(loss, -2.626889, [(-3.354873, NOT_CENTRED)], what="the loss")
+    _expect(_grad(loss, lp), [[-1.486739]], what="the gradient")
+
+
+@_case(ex, "ratio above 1 with A < 0: tau_neg", TAU_SWAPPED)
+def _(fn, gen):
+    lp = _leaf([[-0.5]])
+    loss = _sapo(fn, lp, _t([[-1.0]]), _t([-1.0]), _t([[1]]), tau_pos=1.0, tau_neg=2.0)
+    # tau 2: s = sigmoid(1.297443) = 0.785378, f = 2 s = 1.570809, loss +1.570809, gradient 4 r s (1 - s) = 1.111531;
+    # with tau_pos: 2.626889
+    _expect(loss, 1.570809, [(2.626889, TAU_SWAPPED)], what="the loss")
+    _expect(_grad(loss, lp), [[1.111531]], what="the gradient")
+
+
+@_case(ex, "ratio below 1 with A > 0: still tau_pos", TAU_BY_RATIO)
+def _(fn, gen):
+    lp = _leaf([[-1.5]])
+    loss = _sapo(fn, lp, _t([[-1.0]]), _t([1.0]), _t([[1]]), tau_pos=0.5, tau_neg=2.0)
+    # r = e^-0.5 = 0.606531, tau 0.5: s = sigmoid(-0.196735) = 0.450975, f = 8 s = 3.607795, loss -3.607795,
+    # gradient -4 r s (1 - s) = -0.600699; with tau_neg (the ratio is below 1): -0.625653
+    _expect(loss, -3.607795, [(-0.625653, TAU_BY_RATIO)], what="the loss")
+    _expect(_grad(loss, lp), [[-0.600699]], what="the gradient")
+
+
+@_case(ex, "old_logprobs is the same tensor as logprobs", OLD_DETACHED)
+def _(fn, gen):
+    lp = _leaf([[-1.0, -2.0]])
+    loss = _sapo(fn, lp, lp, _t([1.0]), _t([[1, 1]]))
+    # on-policy: each token's gradient is -A / 2 tokens (one row)
+    _expect(_grad(loss, lp, no_grad_hint=OLD_DETACHED), [[-0.5, -0.5]], [([[0.0, 0.0]], OLD_DETACHED)],
+            what="the gradient")
+
+
+@_case(ex, "seq-mean-token-mean over rows of different lengths, garbage in padding", TOKEN_MEAN_NOT_SEQ)
+def _(fn, gen):
+    lp = _t([[-1.0, -1.0, -50.0], [-1.0, 0.0, 0.0]])
+    old = _t([[-1.0, -1.0, 0.0], [-1.0, 0.0, 0.0]])
+    loss = _sapo(fn, lp, old, _t([1.0, 3.0]), _t([[1, 1, 0], [1, 0, 0]]), tau_pos=1.0, tau_neg=1.0)
+    # r = 1 on every valid token, f = 2: row 0 -2 per token (two tokens), row 1 -6 (one token):
+    # seq-mean (-2 - 6) / 2 = -4; token-mean (-2 - 2 - 6) / 3 = -3.333333
+    _expect(loss, -4.0, [(-10 / 3, TOKEN_MEAN_NOT_SEQ)], what="the loss")
+
+
+@_case(ex, "random ratios, advantages and temperatures, against the definition", TAU_BY_RATIO)
+def _(fn, gen):
+    mask = _prefix_mask([6, 2, 5, 0], 6)
+    lp = (-torch.rand(4, 6, generator=gen) * 2).requires_grad_(True)
+    old = lp.detach() + 0.4 * torch.randn(4, 6, generator=gen)
+    adv = torch.tensor([1.0, -1.0, -0.5, 2.0]) * (1 + torch.rand(4, generator=gen))
+    tau_pos, tau_neg = (0.5 + torch.rand(2, generator=gen)).tolist()
+    want = ref.sapo_loss(lp, old, adv, mask, tau_pos=tau_pos, tau_neg=tau_neg)
+    loss = _sapo(fn, lp, old, adv, mask, tau_pos=tau_pos, tau_neg=tau_neg)
+    _expect(loss, want.detach(), what="the loss")
+    _expect(_grad(loss, lp), torch.autograd.grad(want, lp)[0], what="the gradient")
+
+
+@_case(ex, "an extreme log-ratio (100 nats on a valid token and in padding)", NEEDS_FINITE.format(n=100))
+def _(fn, gen):
+    lp = _leaf([[99.0, -1.0, 99.0]])
+    loss = _sapo(fn, lp, _t([[-1.0, -1.0, -1.0]]), _t([1.0]), _t([[1, 1, 0]]))
+    _expect_finite(loss, lp, "the loss")
+    # the gate saturates at 4 / tau = 4 on the first token, 2 on the second: (-4 - 2) / 2
+    _expect(loss, -3.0, what="the loss")

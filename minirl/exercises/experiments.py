@@ -149,7 +149,7 @@ def run_experiment(name: str, *, seed: int = 0) -> dict:
     """
     ex = _experiment(name)
     if name not in _PREDICTIONS:
-        raise RuntimeError(f"{name}: record your prediction first: exercises.predict({name!r}, ...)")
+        raise RuntimeError(f"{name}: record your prediction first: experiments.predict({name!r}, ...)")
     prediction = dict(_PREDICTIONS[name])
     runs = {arm: run_arm(name, arm, seed=seed) for arm in ex.arms}
     for record in runs.values():
@@ -162,10 +162,49 @@ def load_spread(path: Path = SPREAD_FILE) -> dict:
     return json.loads(Path(path).read_text())
 
 
+def compare_with_spread(value: float, arm: dict) -> str:
+    """One arm's run read against its stored seeds, with the tolerance their spread implies, as one phrase.
+
+    The stored values come from RL seeds 0, 1, 2 on one CPU; a run on another CPU (or thread count) differs from its
+    stored seed by float round-off that 15 RL steps amplify, so it is one more draw from the seed-to-seed spread.
+    The tolerance is therefore that spread's standard deviation sd (sample, over the stored seeds): a value inside
+    [min, max] is "inside the stored range"; one within sd of either end is "just outside ..., within one
+    seed-to-seed sd: consistent with the stored seeds"; only one further away is "outside". Every number is printed
+    with 4 significant digits, and the distance to the range with its own, so the verdict never contradicts the
+    digits shown.
+
+    Example: stored [0.067693, 0.099522, 0.086960] (sd 0.01608): 0.06769262 is 3.8e-07 below the min, so "just
+    outside the stored range (3.8e-07 below its min), within one seed-to-seed sd (0.016): consistent with the
+    stored seeds"; 0.04 is 0.0277 below, more than one sd: "outside".
+
+    Args:
+        value: the run's metric.
+        arm: the stored arm, {"values": [per seed], "mean", "min", "max"}.
+
+    Returns:
+        "stored mean ... (seeds ..., sd ...) -> <verdict>".
+    """
+    values = [float(v) for v in arm["values"]]
+    lo, hi = min(values), max(values)
+    mean = sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else 0.0
+    seeds = ", ".join(f"{v:.4g}" for v in values)
+    head = f"stored mean {mean:.4g} (seeds {seeds}; sd {sd:.2g}) -> "
+    if lo <= value <= hi:
+        return head + "inside the stored range"
+    gap, end = (lo - value, "min") if value < lo else (value - hi, "max")
+    where = f"{gap:.2g} {'below' if end == 'min' else 'above'} its {end}"
+    if gap <= sd:
+        return head + f"just outside the stored range ({where}), within one seed-to-seed sd: consistent with the " \
+                      "stored seeds"
+    return head + f"outside the stored range ({where}, more than one seed-to-seed sd)"
+
+
 def check_experiment(name: str, runs: dict, *, spread: dict | None = None) -> bool:
     """Grade an experiment exercise: a prediction recorded before the runs, both arms run at the stored budget.
 
-    Prints each arm's value beside the stored spread (mean, min-max over seeds), whether the gap between the arms
+    Prints each arm's value beside the stored seeds (``compare_with_spread``: inside, just outside within one
+    seed-to-seed sd, or outside), whether the gap between the arms
     is larger than the seed-to-seed spread, and whether the prediction held. Returns True when graded; the
     correctness of the prediction is reported, never graded.
 
@@ -181,15 +220,13 @@ def check_experiment(name: str, runs: dict, *, spread: dict | None = None) -> bo
             f"{name}: arm {arm!r} was not run by run_experiment at the stored budget ({STEPS} steps)")
         assert isinstance(r.get("value"), float) and math.isfinite(r["value"]), f"{name}: arm {arm!r} has no value"
         assert r.get("prediction") and r["prediction"]["value"] is not None, (
-            f"{name}: no prediction was on record when the runs started: call exercises.predict first")
+            f"{name}: no prediction was on record when the runs started: call experiments.predict first")
     prediction = next(iter(runs.values()))["prediction"]["value"]
     first, second = list(ex.arms)
     print(f"{name}: {METRIC_WORDS[ex.metric]}; stored spread over RL seeds {spread['seeds']} at {STEPS} steps")
     for arm in ex.arms:
-        s = spread["arms"][arm]
-        inside = s["min"] <= runs[arm]["value"] <= s["max"]
-        print(f"  {arm:>14}: your run {runs[arm]['value']:.4f}   stored mean {s['mean']:.4f} "
-              f"(min {s['min']:.4f}, max {s['max']:.4f})  {'inside' if inside else 'outside'} the stored range")
+        value = runs[arm]["value"]
+        print(f"  {arm:>14}: your run {value:.4g}; {compare_with_spread(value, spread['arms'][arm])}")
     a, b = spread["arms"][first], spread["arms"][second]
     separated = a["min"] > b["max"] or b["min"] > a["max"]
     print("  the stored ranges of the two arms " + ("do not overlap: the gap is larger than the seed-to-seed spread"

@@ -1,11 +1,21 @@
-"""Regenerate the student release of the course kit: notebooks/exercises/release/*.ipynb.
+"""Regenerate the student release of the course kit (notebooks/exercises/release/*.ipynb) and build the student package.
 
-    python notebooks/exercises/make_release.py           # rewrite release/ from the source notebooks
-    python notebooks/exercises/make_release.py --check   # exit 1 if release/ is stale (what the test runs)
+    python notebooks/exercises/make_release.py                    # rewrite release/ from the source notebooks
+    python notebooks/exercises/make_release.py --check            # exit 1 if release/ is stale (what the test runs)
+    python notebooks/exercises/make_release.py --student ../minirl-student   # the folder a teacher hands out
+    python notebooks/exercises/make_release.py --table            # the page's table of solution cells
 
-The release is exactly what `nbgrader generate_assignment` makes from the source notebooks (solutions replaced by
-`raise NotImplementedError()`, hidden tests removed, outputs cleared), generated in a temporary course directory, so
-a teacher without nbgrader can hand it out as is. Needs the [course] extra (nbgrader).
+The release is what `nbgrader generate_assignment` makes from the source notebooks (solutions replaced by
+`raise NotImplementedError()`, hidden tests removed, outputs cleared), generated in a temporary course directory,
+with one change: the link to the companion lesson becomes its file name (from release/ the link led to the source
+notebook, solutions included). Needs the [course] extra (nbgrader).
+
+The student package (``--student DIR``, a folder outside the repository; no nbgrader needed) is everything a student
+needs and no answer: minirl's package with the checker's answer key replaced by a stand-in (the cases that compare
+with it are deferred to grading), the data and stored results the lessons read, the lessons with every cell that
+prints an exercise's solution replaced by a pointer to the exercise, and the stored release as
+notebooks/exercises/. ``student_package.py`` beside this file does the work; tests/test_exercise_notebooks.py checks
+that no solution reaches it.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -44,7 +55,22 @@ def generate() -> dict[str, str]:
                               text=True, timeout=600)
         if proc.returncode:
             raise RuntimeError(f"nbgrader generate_assignment failed:\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-        return {p.name: _canonical(p.read_text()) for p in sorted((course / "release" / ASSIGNMENT).glob("*.ipynb"))}
+        return {p.name: _canonical(_unlink_lessons(p.read_text()))
+                for p in sorted((course / "release" / ASSIGNMENT).glob("*.ipynb"))}
+
+
+LESSON_LINK = re.compile(r"\[`?(\d\d_[a-z_]+\.ipynb)`?\]\(\.\./\1\)")
+
+
+def _unlink_lessons(text: str) -> str:
+    """The release's links to a companion lesson, as plain file names: from release/ the relative link led to the
+    source notebook of this folder (solutions included); in the student package the lesson sits one folder up."""
+    nb = json.loads(text)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown":
+            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            cell["source"] = LESSON_LINK.sub(r"`\1` (the lesson in the folder above this one)", src)
+    return json.dumps(nb)
 
 
 def stale(release: dict[str, str]) -> list[str]:
@@ -56,7 +82,20 @@ def stale(release: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Regenerate (or --check) notebooks/exercises/release/.")
     p.add_argument("--check", action="store_true", help="only compare; exit 1 when the stored release is stale")
+    p.add_argument("--student", metavar="DIR", help="build the student package in DIR (from the stored release)")
+    p.add_argument("--table", action="store_true", help="regenerate the teacher's page's table of solution cells")
     args = p.parse_args(argv)
+    sys.path.insert(0, str(HERE))
+    import student_package
+
+    if args.table:
+        student_package.write_table()
+        print(f"rewrote the table of solution cells in {HERE / 'README.md'}")
+        return 0
+    if args.student:
+        report = student_package.build(Path(args.student))
+        print(report)
+        return 0
     release = generate()
     if args.check:
         names = stale(release)
