@@ -4,8 +4,9 @@ Every module, by layer:
 
 - the math (copyable: torch, the standard library and ``checks``): advantages, losses, kl, rewards, sampling,
   preference, importance, entropy (the covariance term, Clip-Cov, KL-Cov, entropy bonus, pass@k), distill
-  (on-policy distillation), checks (argument checks, numerical guards); the exact toys kl_toy, pg_toy,
-  preference_toy, entropy_toy.
+  (on-policy distillation), truncation (top-k / top-p kept sets, the trainer's log-probs renormalised over them),
+  stale (off-policy sequence masking, decoupled PPO, the staleness KL), checks (argument checks, numerical
+  guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
 - the model side: tasks, tokenizer, models, rollout, moe (routing replay), sampler (a mismatched sampler),
   precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted).
 - the loops, one stage per file: config, warm_start, rl, preference_loop, preference_data, evaluation, history,

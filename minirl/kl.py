@@ -175,6 +175,42 @@ def kl_in_loss(logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str = "k3",
     return kl_estimate(logprobs, ref_logprobs.detach(), estimator=estimator, mask=mask)
 
 
+def ratio_weighted_k3(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, *, mask: Tensor | None = None
+                      ) -> Tensor:
+    """k3 times the importance ratio pi / pi_old, both differentiated: DeepSeek-V3.2's "unbiased KL estimate".
+
+    The tokens come from pi_old, not pi. E_{pi_old}[(pi / pi_old) k3] = E_pi[k3] = KL(pi || ref) as a function of
+    the policy, so the expected gradient of this term in the loss is the reverse-KL gradient, off-policy too, where
+    plain k3 in the loss gives the forward KL's (``kl_toy``; tests/test_stale.py enumerates both). The ratio must NOT
+    be detached: with sg[ratio] the expectation is E_pi[grad k3], the forward-KL gradient again. On-policy (ratio 1)
+    the value is k3's, but the gradient is grad k3 + k3 grad log pi.
+
+    Example: log pi = -1, log pi_old = -1.2, log ref = -0.5: ratio e^0.2 = 1.221403, k3 = e^0.5 - 1 - 0.5 =
+    0.148721; term 0.181649. d/dlog pi = ratio * (k3 + 1 - e^0.5) = 1.221403 * (-0.5) = -0.610701.
+
+    Args:
+        logprobs: (B, T) current policy log-probs (with grad).
+        old_logprobs: (B, T) log-probs of the policy that drew the tokens (detached here; TRL: old_per_token_logps).
+        ref_logprobs: (B, T) reference log-probs (detached here).
+        mask: optional (B, T) completion mask: 0 outside it, whatever the padding holds, as ``kl_estimate``.
+
+    Returns:
+        (B, T) per-token terms in nats, to be aggregated like the policy loss and scaled by beta.
+
+    Raises:
+        ValueError: if the shapes (mask included) differ.
+
+    Source: DeepSeek-AI 2025 (DeepSeek-V3.2, arXiv 2512.02556), section 3.1, eq. 7 (unbiased KL estimate); TRL 1.16
+    ``GRPOTrainer._compute_loss`` (``use_bias_correction_kl``, on by default); Schulman 2020 (k3).
+    """
+    same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
+    if mask is not None:
+        same_shape(logprobs=logprobs, mask=mask)
+        logprobs, old_logprobs = zero_outside(logprobs, mask), zero_outside(old_logprobs, mask)  # ratio 1 there
+    ratio = exp_linear_above(logprobs - old_logprobs.detach())  # (B, T), differentiated
+    return ratio * kl_estimate(logprobs, ref_logprobs.detach(), estimator="k3", mask=mask)
+
+
 # ------------------------------------------------------------------------------------------------ the true KL
 # The estimators above see one sampled token per position. To *measure* how far a language model has moved from
 # its reference (the x-axis a reader cares about), we can do better: at every position of a sampled completion we

@@ -70,6 +70,10 @@ PAPERS = [
     ("Zheng et al. 2025 (GSPO)", r"Zheng et al|\bGSPO\b"),
     ("Ziegler et al. 2019", r"Ziegler"),
     ("DeepSeek-R1 (Guo et al. 2025)", r"DeepSeek-R1"),
+    ("DeepSeek-AI 2025 (DeepSeek-V3.2: keep sampling mask, off-policy sequence masking, unbiased KL)",
+     r"DeepSeek-V3\.2|2512\.02556"),
+    ("Fu et al. 2025 (AReaL, decoupled PPO)", r"\bFu et al|2505\.24298"),
+    ("Holtzman et al. 2020 (nucleus sampling, top-p)", r"Holtzman"),
 ]
 #: Engine source a docstring cites beside its papers (an entry like "TRL 1.16 ``GRPOTrainer._compute_loss``"): not a
 #: paper, so not a row; README.md's name table maps minirl's names to the engines'.

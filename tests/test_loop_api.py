@@ -18,7 +18,7 @@ from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 MATH_MODULES = ("advantages", "losses", "kl", "rewards", "sampling", "preference", "importance", "entropy",
-                "distill")
+                "distill", "truncation", "stale")
 
 
 # --- copyable math modules ------------------------------------------------------------------------------------------
