@@ -35,6 +35,7 @@ myst_enable_extensions = ["dollarmath", "amsmath"]
 myst_heading_anchors = 3  # "02_grpo.ipynb#3-one-grpo-step-written-out" links to the section
 suppress_warnings = ["myst.header"]  # a notebook may start at "##" after its title cell
 
+smartquotes = False  # docstrings quote switch values ("group"): keep them straight
 html_theme = "sphinx_book_theme"
 html_title = "minirl"
 html_theme_options = {"show_toc_level": 2, "home_page_in_toc": True, "use_download_button": False,
