@@ -10,7 +10,7 @@ image in a page and checks that each is reported. Three screenshots (a lesson, a
 page) are written to notebooks/book/_build/screenshots/ for a person to look at.
 
 Needs the ``book`` extra and Chromium (Debian: ``apt-get install chromium``); skipped without them. Slow: a full
-build (about 30 s on 2 cores) and about 40 pages in the browser.
+build (about 35 s on 2 cores) and 35 pages in the browser (about 50 s).
 """
 
 from __future__ import annotations

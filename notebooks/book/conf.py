@@ -22,7 +22,7 @@ author = "minirl contributors"
 root_doc = "notebooks/book/index"
 include_patterns = ["README.md", "notebooks/0*.ipynb", "notebooks/results/README.md", "notebooks/book/*.md",
                     "notebooks/book/generated/*.md"]
-exclude_patterns = ["notebooks/book/_build/**", "notebooks/book/README.md"]
+exclude_patterns = ["notebooks/book/_build/**"]
 
 extensions = ["myst_nb"]
 # MathJax 3 is served from the site itself, copied out of the sphinx-mathjax-offline package (no CDN: CI and the

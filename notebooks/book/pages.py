@@ -322,17 +322,21 @@ def family_page(page: str, title: str, functions: list[str], tests: dict[str, li
 
 
 def paper_index_page(documented: dict[str, str]) -> str:
-    """The paper index (paper -> equation -> function -> test -> notebook cell), each function linked to the book
-    page that documents it."""
+    """The paper index (paper -> equation -> function -> test -> notebook cell): a section per paper, so a paper
+    can be linked and found by search, each function linked to the book page that documents it."""
     lines = ["# Paper index", "", "*Generated from the `Source:` lines of minirl's docstrings by "
-             "`tests/paper_index.py`, the same rows as README.md's index.*", "",
-             "| paper | equation | minirl | test | notebook |", "|---|---|---|---|---|"]
+             "`tests/paper_index.py`, the same rows as README.md's index: for each paper, the equation, the minirl "
+             "function that implements it, the test that checks it and the first notebook cell that uses it.*"]
+    paper_now = None
     for paper, eq, fn, test, cell in paper_index.rows():
+        if paper != paper_now:
+            lines += ["", f"## {paper}", ""]
+            paper_now = paper
         qualname = fn.strip("`")
         if qualname in documented:
             fn = f"[{fn}]({documented[qualname]}.md#{anchor(qualname)})"
         cell = cell.replace("](notebooks/", "](../../")
-        lines.append(f"| {paper} | {eq} | {fn} | {test} | {cell} |")
+        lines.append(f"- {eq if eq != '-' else '(no equation number)'}: {fn}; test {test}; notebook {cell}")
     return "\n".join(lines)
 
 
