@@ -187,10 +187,14 @@ def test_no_link_inside_the_site_is_dead(site, server, pages):
     assert not dead, "\n".join(dead[:40])
 
 
-def test_the_book_works_offline(pages):
-    """No page asks for anything outside the site: no CDN script, stylesheet, font or image."""
+def test_the_book_works_offline(site, pages):
+    """No page asks for anything outside the site: no CDN script, stylesheet, font or image, neither in the HTML
+    nor among the requests the browser made (MathJax's fonts and extensions load late)."""
     outside = sorted({u for r in pages.values() for u in r["outside"]})
     assert not outside, "\n".join(outside)
+    remote = re.compile(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="(?:https?:)?//[^"]*"')
+    in_html = sorted({f"{p.name}: {m}" for p in site[0].rglob("*.html") for m in remote.findall(_text(p))})
+    assert not in_html, "\n".join(in_html[:20])
 
 
 def test_every_lesson_shows_all_its_stored_figures(pages):
