@@ -1,0 +1,20 @@
+"""Build the book: ``python notebooks/book/build.py [OUT]`` (default notebooks/book/_build/html), then open
+OUT/index.html. Offline: the notebooks are read as stored (never executed) and MathJax comes from an installed
+package. Needs the ``book`` extra: ``pip install -e ".[book]"``."""
+
+import sys
+from pathlib import Path
+
+from sphinx.cmd.build import build_main
+
+BOOK = Path(__file__).resolve().parent
+ROOT = BOOK.parent.parent
+
+
+def build(out: Path | str = BOOK / "_build" / "html", *extra: str) -> int:
+    """Sphinx's html build of the book into ``out``; returns its exit status (warnings are printed, not fatal)."""
+    return build_main(["-b", "html", "-q", "-c", str(BOOK), str(ROOT), str(out), *extra])
+
+
+if __name__ == "__main__":
+    sys.exit(build(*sys.argv[1:]))

@@ -1,0 +1,378 @@
+"""The book's generated pages: one per preset of ``config.ALGORITHMS``, one per estimator family (KL estimators,
+importance corrections, preference losses) and the paper index, written from the code at every build.
+
+Nothing here is typed by hand that the code already says: the problem a function solves is its docstring's first
+paragraph, the papers and equation numbers are its ``Source:`` line (split by ``tests/paper_index.py``, the parser
+of README's index), the switches are ``ALGORITHMS``, the engines' names are what ``minirl.interop`` answers
+(refusals included), the tests are the ``# paper-index:`` markers and the lessons are the notebook sections whose
+code cells use the function. The one thing added is ``EQUATIONS``: each function's key equation in LaTeX, as minirl
+computes it (the docstrings write it in plain text).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import importlib
+import importlib.util
+import inspect
+import json
+import re
+import textwrap
+from pathlib import Path
+
+from myst_parser.mdit_to_docutils.base import default_slugify
+
+from minirl import config, interop
+from minirl.preference_loop import PrefConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("paper_index", ROOT / "tests" / "paper_index.py")
+paper_index = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(paper_index)
+
+#: Key equations in LaTeX, by ``module.function``: r_t = pi_theta / pi_old of a sampled token, A its advantage,
+#: sg[.] stops the gradient, mu the sampler's policy, |y| a completion's length.
+EQUATIONS = {
+    "advantages.group_advantages": r"\hat A_i = \frac{r_i - \operatorname{mean}(r_1, \dots, r_G)}"
+                                   r"{\operatorname{std}(r_1, \dots, r_G) + \epsilon}"
+                                   r"\qquad\text{(Dr. GRPO: } \hat A_i = r_i - \operatorname{mean}(r_1, \dots, r_G))",
+    "advantages.gae": r"\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t), \qquad "
+                      r"\hat A_t = \sum_{l \ge 0} (\gamma\lambda)^l \, \delta_{t+l}",
+    "advantages.rloo_advantages": r"\hat A_i = r_i - \frac{1}{G-1} \sum_{j \ne i} r_j",
+    "advantages.reinforce_pp_advantages": r"\hat A_i = \frac{r_i - \operatorname{mean}_{\text{batch}}(r)}"
+                                          r"{\operatorname{std}_{\text{batch}}(r) + \epsilon}",
+    "advantages.reinforce_pp_baseline_advantages": r"c_i = r_i - \operatorname{mean}_{\text{group}}(r), \qquad "
+                                                   r"\hat A_i = \frac{c_i}{\operatorname{std}_{\text{batch}}(c) + "
+                                                   r"\epsilon}",
+    "advantages.whiten": r"\hat A_t \leftarrow \frac{\hat A_t - \operatorname{mean}(\hat A)}"
+                         r"{\operatorname{std}(\hat A) + \epsilon}",
+    "losses.token_clip_loss": r"\ell_t = -\min\big(r_t \hat A_t,\ \operatorname{clip}(r_t, 1 - \varepsilon_{\text{low}}"
+                              r", 1 + \varepsilon_{\text{high}}) \, \hat A_t\big), \qquad "
+                              r"r_t = \frac{\pi_\theta(y_t \mid x, y_{<t})}{\pi_{\text{old}}(y_t \mid x, y_{<t})}",
+    "losses.gspo_loss": r"s_i = \exp\Big(\frac{1}{|y_i|} \sum_t \log r_{i,t}\Big), \qquad "
+                        r"\ell_i = -\min\big(s_i \hat A_i,\ \operatorname{clip}(s_i, 1 - \varepsilon_{\text{low}}, "
+                        r"1 + \varepsilon_{\text{high}}) \, \hat A_i\big)",
+    "losses.gspo_token_loss": r"s_{i,t} = \operatorname{sg}[s_i] \, \frac{\pi_\theta(y_{i,t})}"
+                              r"{\operatorname{sg}[\pi_\theta(y_{i,t})]}, \qquad "
+                              r"\ell_{i,t} = -\min\big(s_{i,t} \hat A_{i,t},\ \operatorname{clip}(s_{i,t}, "
+                              r"1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}}) \, \hat A_{i,t}\big)",
+    "losses.cispo_loss": r"\ell_t = -\operatorname{sg}[w_t] \, \hat A_t \log \pi_\theta(y_t), \qquad "
+                         r"w_t = \operatorname{clip}(r_t, 1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}})"
+                         r"\ \text{or (one-sided)}\ \min(r_t, 1 + \varepsilon_{\text{high}})",
+    "losses.sapo_loss": r"\ell_t = -\frac{4}{\tau} \, \sigma\big(\tau (r_t - 1)\big) \, \hat A_t, \qquad "
+                        r"\tau = \tau_{\text{pos}} \text{ if } \hat A_t > 0 \text{ else } \tau_{\text{neg}}",
+    "losses.gmpo_loss": r"\ell_i = -\hat A_i \exp\Big(\frac{1}{|y_i|} \sum_t m_{i,t}\Big), \qquad "
+                        r"m_{i,t} = \begin{cases} \min(\log r_{i,t}, c_{i,t}) & \hat A_i > 0 \\ "
+                        r"\max(\log r_{i,t}, c_{i,t}) & \hat A_i < 0 \end{cases}, \quad "
+                        r"c_{i,t} = \operatorname{clip}(\log r_{i,t}, -\varepsilon_{\text{low}}, "
+                        r"\varepsilon_{\text{high}})",
+    "losses.aggregate": r"\text{token-mean: } \frac{\sum_{i,t} \ell_{i,t}}{\sum_i |y_i|}, \quad "
+                        r"\text{seq-mean-token-mean: } \frac{1}{B} \sum_i \frac{1}{|y_i|} \sum_t \ell_{i,t}, \quad "
+                        r"\text{seq-mean-token-sum-norm: } \frac{1}{B \, T_{\max}} \sum_{i,t} \ell_{i,t}",
+    "losses.value_loss": r"\frac{1}{2} \max\Big( (V_t - R_t)^2,\ \big(V^{\text{old}}_t + \operatorname{clip}(V_t - "
+                         r"V^{\text{old}}_t, -c, c) - R_t\big)^2 \Big)",
+    "kl.k1": r"k_1 = \log \frac{\pi_\theta(y_t)}{\pi_{\text{ref}}(y_t)}",
+    "kl.k2": r"k_2 = \frac{1}{2} \Big(\log \frac{\pi_\theta(y_t)}{\pi_{\text{ref}}(y_t)}\Big)^2",
+    "kl.k3": r"k_3 = \frac{\pi_{\text{ref}}(y_t)}{\pi_\theta(y_t)} - 1 - \log \frac{\pi_{\text{ref}}(y_t)}"
+             r"{\pi_\theta(y_t)}",
+    "kl.kl_in_reward": r"r_t \leftarrow r_t - \beta \, \operatorname{sg}[k(t)] \quad \text{(detached, before the "
+                       r"advantages)}",
+    "kl.kl_in_loss": r"L \leftarrow L + \beta \operatorname{agg}_t k(t) \quad \text{(differentiated)}",
+    "rewards.overlong_penalty": r"R_{\text{length}}(y) = \begin{cases} 0 & |y| \le L_{\max} - L_{\text{cache}} \\ "
+                                r"\frac{(L_{\max} - L_{\text{cache}}) - |y|}{L_{\text{cache}}} & L_{\max} - "
+                                r"L_{\text{cache}} < |y| \le L_{\max} \\ -1 & L_{\max} < |y| \end{cases}",
+    "sampling.has_signal": r"0 < \big|\{ y_i : y_i \text{ correct} \}\big| < G",
+    "importance.token_tis_weights": r"w_t = \min\Big(\frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}, C\Big)",
+    "importance.token_mis_weights": r"w_t = \rho_t \, \mathbb{1}[C_{\min} \le \rho_t \le C_{\max}], \qquad "
+                                    r"\rho_t = \frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}",
+    "importance.seq_tis_weights": r"w_i = \min\Big(\prod_t \rho_{i,t}, C\Big)",
+    "importance.seq_mis_weights": r"w_i = \prod_t \rho_{i,t} \; \mathbb{1}\Big[C_{\min} \le \prod_t \rho_{i,t} "
+                                  r"\le C_{\max}\Big]",
+    "preference.dpo_loss": r"-\log \sigma\Big(\beta \log \frac{\pi_\theta(y_w)}{\pi_{\text{ref}}(y_w)} - \beta \log "
+                           r"\frac{\pi_\theta(y_l)}{\pi_{\text{ref}}(y_l)}\Big)",
+    "preference.ipo_loss": r"\Big(\log \frac{\pi_\theta(y_w) \, \pi_{\text{ref}}(y_l)}{\pi_\theta(y_l) \, "
+                           r"\pi_{\text{ref}}(y_w)} - \frac{1}{2\tau}\Big)^2",
+    "preference.kto_loss": r"\lambda_D \big(1 - \sigma(\beta (r_\theta(y) - z_0))\big) \text{ (desirable)}, \quad "
+                           r"\lambda_U \big(1 - \sigma(\beta (z_0 - r_\theta(y)))\big) \text{ (undesirable)}, \quad "
+                           r"r_\theta = \log \frac{\pi_\theta(y)}{\pi_{\text{ref}}(y)}",
+    "preference.simpo_loss": r"-\log \sigma\Big(\frac{\beta}{|y_w|} \log \pi_\theta(y_w) - \frac{\beta}{|y_l|} \log "
+                             r"\pi_\theta(y_l) - \gamma\Big)",
+}
+
+#: The estimator families: (page name, title, the functions it documents).
+FAMILIES = [
+    ("kl_estimators", "KL estimators: k1, k2, k3",
+     ["kl.k1", "kl.k2", "kl.k3", "kl.kl_in_reward", "kl.kl_in_loss"]),
+    ("importance_corrections", "Importance corrections: TIS and MIS, token and sequence",
+     ["importance.token_tis_weights", "importance.token_mis_weights", "importance.seq_tis_weights",
+      "importance.seq_mis_weights", "importance.is_weights"]),
+    ("preference_losses", "Preference losses: DPO, IPO, KTO, SimPO",
+     ["preference.dpo_loss", "preference.ipo_loss", "preference.kto_loss", "preference.simpo_loss"]),
+]
+
+
+def preset_functions(name: str) -> list[str]:
+    """The functions a preset runs, read off its switches the way ``rl.py`` and ``losses.policy_loss`` pick them."""
+    cfg = config.make_config(name)
+    adv = {"group": "group_advantages", "gae": "gae"}.get(cfg.advantage, f"{cfg.advantage}_advantages")
+    if cfg.loss_mode != "clip":
+        loss = f"{cfg.loss_mode}_loss"
+    else:
+        loss = {"token": "token_clip_loss", "sequence": "gspo_loss", "sequence-token": "gspo_token_loss"}[cfg.level]
+    out = [f"advantages.{adv}", f"losses.{loss}", "losses.aggregate"]
+    if cfg.advantage == "gae":
+        out += ["losses.value_loss"] + (["advantages.whiten"] if cfg.whiten_advantages else [])
+    if cfg.beta > 0:
+        out += [f"kl.{cfg.kl_estimator}", f"kl.kl_in_{cfg.kl_placement}"]
+    if cfg.dynamic_sampling:
+        out += ["sampling.has_signal", "sampling.dynamic_sampling"]
+    if cfg.overlong_shaping:
+        out.append("rewards.overlong_penalty")
+    for qualname in out:  # a renamed function fails the build here, not silently on the page
+        resolve(qualname)
+    return out
+
+
+def resolve(qualname: str):
+    module, name = qualname.split(".")
+    return getattr(importlib.import_module(f"minirl.{module}"), name)
+
+
+def header(fn) -> str:
+    """A function's ``def`` line(s) as written in its source (its signature, annotations unevaluated)."""
+    source = inspect.getsource(fn)
+    body = ast.parse(source).body[0].body[0]  # the docstring
+    return "\n".join(source.splitlines()[:body.lineno - 1])
+
+
+def anchor(qualname: str) -> str:
+    """The anchor of a function's section (its heading, as MyST slugs it)."""
+    return default_slugify(qualname)
+
+
+def summary(doc: str) -> str:
+    """A docstring's first paragraph, on one line."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split())
+
+
+@functools.cache
+def _sources() -> dict[str, str]:
+    return {f"{m}.{n}": t for m, n, t in paper_index.sources()}
+
+
+@functools.cache
+def _notebooks() -> list[tuple[str, list[dict]]]:
+    return [(p.stem, json.loads(p.read_text())["cells"]) for p in sorted((ROOT / "notebooks").glob("[0-9]*.ipynb"))]
+
+
+def notebook_sections(word: str) -> list[tuple[str, str, str]]:
+    """(notebook stem, section title, anchor) of every notebook section with a code cell that mentions ``word``."""
+    pattern = re.compile(rf"\b{re.escape(word)}\b" if word[0].isalnum() else re.escape(word))
+    out = []
+    for stem, cells in _notebooks():
+        heading = ("", "")
+        for cell in cells:
+            text = "".join(cell["source"])
+            if cell["cell_type"] == "markdown":
+                for line in text.splitlines():
+                    if m := re.match(r"^(#{1,3})\s+(.+?)\s*$", line):
+                        title = re.sub(r"[`*]", "", m.group(2))
+                        heading = (title, "" if m.group(1) == "#" else default_slugify(title))
+            elif pattern.search(text) and (stem, *heading) not in out:
+                out.append((stem, *heading))
+    return out
+
+
+def _sections_md(sections: list[tuple[str, str, str]]) -> str:
+    lines = []
+    for stem, title, anchor in sections:
+        target = f"../../{stem}.ipynb" + (f"#{anchor}" if anchor else "")
+        lines.append(f"- [{stem}: {title or stem}]({target})")
+    return "\n".join(lines) or "- (no lesson calls it directly)"
+
+
+def function_md(qualname: str, tests: dict[str, list[str]]) -> str:
+    """The section of a page about one function: problem, equation and papers, signature and docstring, tests,
+    lessons."""
+    fn = resolve(qualname)
+    doc = inspect.getdoc(fn) or ""
+    parts = [f"### `{qualname}`", "", summary(doc), ""]
+    if qualname in EQUATIONS:
+        parts += ["$$", EQUATIONS[qualname], "$$", ""]
+    cited = paper_index.entries(_sources().get(qualname, ""))
+    if cited:
+        parts += ["| paper | equation |", "|---|---|"] + [f"| {p} | {e} |" for p, e in cited] + [""]
+    docstring = textwrap.indent(f'"""{doc}\n"""', "    ")
+    parts += ["```python", header(fn), docstring, "```", "", "**Tests that check it:** " +
+              (", ".join(f"`tests/{t}`" for t in tests.get(qualname, [])) or "none marked"), "",
+              "**In the lessons:**", "", _sections_md(notebook_sections(qualname.split(".")[1])), ""]
+    return "\n".join(parts)
+
+
+def _preset_comment(name: str) -> str:
+    """The comment above a preset in config.py: the paper and what the preset changes."""
+    lines = inspect.getsource(config).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("ALGORITHMS"))
+    at = next(i for i in range(start, len(lines)) if lines[i].strip().startswith(f'"{name}": dict('))
+    comment = []
+    while lines[at - 1].strip().startswith("#"):
+        at -= 1
+        comment.insert(0, lines[at].strip().lstrip("#").strip())
+    return " ".join(comment)
+
+
+def _field_comments() -> dict[str, str]:
+    """RLConfig field -> its inline comment (what the switch does)."""
+    out, last = {}, None
+    for line in inspect.getsource(config.RLConfig).splitlines():
+        if m := re.match(r"^    (\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line):
+            last = m.group(1)
+            out[last] = m.group(2) or ""
+        elif last and re.match(r"^    #\s", line) and not line.strip().startswith("# ---"):
+            out[last] += " " + line.strip().lstrip("#").strip()
+        else:
+            last = None
+    return out
+
+
+def algorithm_page(name: str, tests: dict[str, list[str]]) -> str:
+    switches = config.ALGORITHMS[name]
+    defaults = config.RLConfig()
+    comments = _field_comments()
+    engines = interop.engine_equivalents()[name]
+    functions = preset_functions(name)
+    lines = [f"# `{name}`: {_preset_comment(name).split(',')[0]}", "",
+             f"*Generated from `minirl/config.py` (`ALGORITHMS[{name!r}]`) and the docstrings of the functions it "
+             f"runs.*", "", "## What it is", "", _preset_comment(name) + ".", "",
+             "What each function it runs solves, in its own docstring's words:", ""]
+    lines += [f"- [`{q}`](#{anchor(q)}): {summary(inspect.getdoc(resolve(q)))}"
+              for q in functions]
+    lines += ["", "## The switches", "", f"`make_config({name!r})` sets these fields of `RLConfig` (every other "
+              "field keeps its default):", ""]
+    lines += [f"- `{k} = {v!r}` (default `{getattr(defaults, k)!r}`)" + (f": {comments[k]}" if comments.get(k) else "")
+              for k, v in switches.items()]
+    lines += ["", "## In TRL and verl", "", "What `minirl.interop.engine_equivalents()` answers for this preset "
+              "(`interop.to_trl` / `interop.to_verl` give the full, runnable settings):", ""]
+    for engine, label in (("trl", f"TRL {interop.TRL_VERSION}"), ("verl", f"verl {interop.VERL_VERSION}")):
+        text = engines[engine]
+        if text.startswith("not "):
+            lines += [":::{warning}", f"**{label}**: {text}", ":::", ""]
+        else:
+            lines += [f"**{label}**:", "", "```text", text, "```", ""]
+    lines += ["## In the lessons", "", f"Notebook sections whose code uses the preset `{name!r}`:", "",
+              _sections_md(notebook_sections(f'"{name}"')), "", "## The functions", ""]
+    lines += [function_md(q, tests) for q in functions]
+    return "\n".join(lines)
+
+
+def _ask(f) -> str:
+    """What the bridge answers, as inline code, or its refusal (NotImplementedError, ValueError) as such."""
+    try:
+        return f"`{f()}`"
+    except (NotImplementedError, ValueError) as e:
+        return f"refused: {e}"
+
+
+def _family_engines(page: str) -> list[str]:
+    """The TRL and verl names for each member of a family, as the bridge answers (refusals shown as such)."""
+    rows = []
+
+    def pick(mapping: dict, *names: str) -> dict:
+        return {k: v for k, v in mapping.items() if k.startswith(names)}
+
+    def overrides(cfg, word: str) -> str:
+        return " ".join(o for o in interop.verl_overrides(cfg) if word in o)
+
+    if page == "kl_estimators":
+        for est in ("k1", "k2", "k3"):
+            for placement in ("reward", "loss"):
+                cfg = config.make_config("grpo", kl_estimator=est, kl_placement=placement)
+                trl = _ask(lambda cfg=cfg: pick(interop.trl_kwargs(cfg), "beta", "use_bias_correction_kl"))
+                verl = _ask(lambda cfg=cfg: overrides(cfg, "kl"))
+                rows.append((f"`kl_estimator={est!r}, kl_placement={placement!r}`", trl, verl))
+    elif page == "importance_corrections":
+        for corr in ("token_tis", "token_mis", "seq_tis", "seq_mis"):
+            cfg = config.make_config("grpo", is_correction=corr, is_cap_low=0.5 if corr.endswith("mis") else None)
+            trl = _ask(lambda cfg=cfg: pick(interop.trl_kwargs(cfg), "vllm_importance"))
+            verl = _ask(lambda cfg=cfg: overrides(cfg, "rollout_correction"))
+            rows.append((f"`is_correction={corr!r}, is_cap={cfg.is_cap}, is_cap_low={cfg.is_cap_low}`", trl, verl))
+    else:
+        keep = ("loss_type", "beta", "simpo_gamma", "cpo_alpha", "desirable_weight", "undesirable_weight")
+        for settings in (dict(method="dpo"), dict(method="ipo"), dict(method="ipo", reduction="mean"),
+                         dict(method="kto"), dict(method="simpo")):
+            def trl(settings=settings):
+                trainer, kw = interop.pref_trl_kwargs(PrefConfig(**settings))
+                return f"{trainer}(" + ", ".join(f"{k}={kw[k]!r}" for k in keep if k in kw) + ")"
+            args = ", ".join(f"{k}={v!r}" for k, v in settings.items())
+            rows.append((f"`PrefConfig({args})`", _ask(trl), "no preference trainer is mapped to verl"))
+    return [f"- {setting}\n  - TRL {interop.TRL_VERSION}: {trl}\n  - verl {interop.VERL_VERSION}: {verl}"
+            for setting, trl, verl in rows]
+
+
+def family_page(page: str, title: str, functions: list[str], tests: dict[str, list[str]]) -> str:
+    lines = [f"# {title}", "", "*Generated from the docstrings of the functions below and `minirl.interop`.*", "",
+             "## What each one solves", ""]
+    lines += [f"- [`{q}`](#{anchor(q)}): {summary(inspect.getdoc(resolve(q)))}"
+              for q in functions]
+    lines += ["", "## In TRL and verl", "", "What the bridge (`minirl.interop`) answers; a refusal names what the "
+              "engine lacks.", ""] + _family_engines(page)
+    lines += ["", "## The functions", ""] + [function_md(q, tests) for q in functions]
+    return "\n".join(lines)
+
+
+def paper_index_page(documented: dict[str, str]) -> str:
+    """The paper index (paper -> equation -> function -> test -> notebook cell): a section per paper, so a paper
+    can be linked and found by search, each function linked to the book page that documents it."""
+    lines = ["# Paper index", "", "*Generated from the `Source:` lines of minirl's docstrings by "
+             "`tests/paper_index.py`, the same rows as README.md's index: for each paper, the equation, the minirl "
+             "function that implements it, the test that checks it and the first notebook cell that uses it.*"]
+    paper_now = None
+    for paper, eq, fn, test, cell in paper_index.rows():
+        if paper != paper_now:
+            lines += ["", f"## {paper}", ""]
+            paper_now = paper
+        qualname = fn.strip("`")
+        if qualname in documented:
+            fn = f"[{fn}]({documented[qualname]}.md#{anchor(qualname)})"
+        cell = cell.replace("](notebooks/", "](../../")
+        lines.append(f"- {eq if eq != '-' else '(no equation number)'}: {fn}; test {test}; notebook {cell}")
+    return "\n".join(lines)
+
+
+def write_all(out: Path) -> list[Path]:
+    """Write every generated page into ``out`` (removing stale ones); returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.md"):
+        old.unlink()
+    tests = paper_index.marked_tests()
+    pages: dict[str, str] = {}
+    documented: dict[str, str] = {}
+    for name in config.ALGORITHMS:
+        pages[f"algo_{name}"] = algorithm_page(name, tests)
+        for q in preset_functions(name):
+            documented.setdefault(q, f"algo_{name}")
+    for page, title, functions in FAMILIES:
+        pages[page] = family_page(page, title, functions, tests)
+        documented.update({q: page for q in functions})
+    pages["paper_index"] = paper_index_page(documented)
+    table = config.algorithms_table()
+    algo_links = "\n".join(f"- [`{n}`: {_preset_comment(n).split(',')[0]}](algo_{n}.md)" for n in config.ALGORITHMS)
+    pages["algorithms"] = "\n".join([
+        "# Algorithms", "", "Each algorithm is a preset of `RLConfig` switches (`minirl.config.ALGORITHMS`); one "
+        "loop runs them all. The switches, side by side (`config.algorithms_table()`):", "", table, "",
+        algo_links, "", "```{toctree}", ":hidden:", "", *(f"algo_{n}" for n in config.ALGORITHMS), "```"])
+    pages["estimators"] = "\n".join([
+        "# Estimator families", "", *(f"- [{title}]({page}.md)" for page, title, _ in FAMILIES), "",
+        "```{toctree}", ":hidden:", "", *(page for page, _, _ in FAMILIES), "```"])
+    written = []
+    for name, text in pages.items():
+        path = out / f"{name}.md"
+        path.write_text(text + "\n")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for p in write_all(Path(__file__).resolve().parent / "generated"):
+        print(p.relative_to(ROOT))
