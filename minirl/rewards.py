@@ -3,8 +3,9 @@
 A reward function is ``reward_fn(prompts, completions, completion_ids, **columns) -> list[float | None]``: one
 prompt, one completion text and one list of completion token ids per sampled completion (B of each) and, by name,
 the dataset's other columns repeated per completion. This is the call TRL 1.16's GRPOTrainer makes to its
-``reward_funcs`` (plain-text prompts; conversational message lists are not produced here), so a reward function
-written for TRL works here unchanged, and back. ``None`` for a row means "this function does not apply to it".
+``reward_funcs``, for plain-text prompts and for conversational ones (message lists; each completion then arrives
+as ``[{"role": "assistant", "content": text}]``), so a reward function written for TRL works here unchanged, and
+back. ``None`` for a row means "this function does not apply to it".
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ from torch import Tensor
 from .checks import ndim, prefix_mask, same_shape
 
 
+def is_conversational(prompt) -> bool:
+    """True for a conversation, TRL's conversational format: a list of messages, dicts with a "role" (and a
+    "content"); False for a plain-text prompt. Source: TRL 1.16, ``trl.data_utils.is_conversational``."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, dict) and "role" in m
+                                                                          for m in prompt)
+
+
 def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequence[str], completions: Sequence[str],
                       *, completion_ids: Sequence[Sequence[int]] | None = None, columns: dict[str, list] | None = None,
                       weights: Sequence[float] | None = None, reward_kwargs: dict | None = None) -> Tensor:
@@ -33,15 +41,17 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     [1 + 2 * 0.5, 0, NaN] = [2.0, 0.0, NaN] (row 2 unscored, with a warning).
 
     Every function is called as ``f(prompts=..., completions=..., completion_ids=..., **columns, **reward_kwargs)``
-    (all by name, so ``**kwargs`` absorbs what it does not read). The RL loop passes as reward_kwargs
+    (all by name, so ``**kwargs`` absorbs what it does not read). When the prompts are conversations (message
+    lists, ``is_conversational``), each completion is passed as ``[{"role": "assistant", "content": text}]``, the
+    shape TRL 1.16 gives them (so ``completion[0]["content"]`` is its text). The RL loop passes as reward_kwargs
     ``trainer_state`` (an object with ``global_step``, the optimiser steps done so far, and ``max_steps``) and
     ``log_metric(name, value)`` (the step's mean of each name goes into its History row); evaluation passes
     ``trainer_state``. Not passed: ``log_extra`` (minirl keeps no completions table) and ``environments``.
 
     Args:
         reward_fn: a function as above, or a list of them.
-        prompts: B prompt strings (one per completion, repeated within a group).
-        completions: B completion texts.
+        prompts: B prompts (one per completion, repeated within a group): strings, or message lists.
+        completions: B completion texts (wrapped as assistant messages for conversational prompts, see above).
         completion_ids: B lists of the completion's token ids, EOS included, padding excluded (as TRL); None
             passes ``completion_ids=None``.
         columns: the dataset's other columns, each a list of B values, passed to every function by name.
@@ -58,7 +68,8 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
             the functions.
 
     Source: TRL 1.16, ``GRPOTrainer._calculate_rewards`` and the nansum of ``_generate_and_score_completions``
-    (the ``reward_funcs`` / ``reward_weights`` convention, "multi-task reward functions").
+    (the ``reward_funcs`` / ``reward_weights`` convention, "multi-task reward functions"; the assistant-message
+    completions of conversational prompts).
     """
     fns = [reward_fn] if callable(reward_fn) else list(reward_fn)
     weights = [1.0] * len(fns) if weights is None else list(weights)
@@ -68,6 +79,8 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     B = len(completions)
     kwargs = {**(columns or {}), **(reward_kwargs or {})}
     ids = None if completion_ids is None else [list(map(int, row)) for row in completion_ids]
+    if prompts and is_conversational(prompts[0]):  # TRL's shape for a chat model's completions
+        completions = [[{"role": "assistant", "content": c}] for c in completions]
     total, scored = torch.zeros(B), torch.zeros(B, dtype=torch.bool)
     for fn, w in zip(fns, weights, strict=True):
         name = getattr(fn, "__name__", repr(fn))

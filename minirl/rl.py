@@ -48,7 +48,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         model: the policy (a causal LM), trained in place.
         tokenizer: its tokenizer.
         cfg: an RLConfig (``config.make_config(algo, ...)``).
-        train_data: a ``datasets.Dataset`` with a ``prompt`` column and whatever columns the reward reads.
+        train_data: a ``datasets.Dataset`` with a ``prompt`` column (strings, or conversations that the tokenizer's
+            chat template renders: ``chat.render``) and whatever columns the reward reads.
         eval_data: optional held-out Dataset; the mean reward (sampled at cfg.temperature, and greedy) is logged
             before training, every ``cfg.eval_every`` steps and at the end.
         reward_fn: ``reward_fn(prompts, completions, completion_ids, **columns) -> list[float | None]`` (TRL's
