@@ -156,7 +156,8 @@ class RLConfig:
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (less activation memory)
     generation_batch_size: int | None = None  # rows per decode loop (its KV cache holds this many); None: all rows
     logprob_batch_size: int | None = None  # rows per no-grad log-prob forward (pi_old, reference); None: all rows
-    # --- logging
+    # --- logging and checkpoints
+    checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
     progress: bool = True  # tqdm bar
@@ -186,6 +187,8 @@ class RLConfig:
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
         choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
         choice("precision", self.precision, PRECISIONS)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         for name in ("micro_batch_size", "generation_batch_size", "logprob_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")

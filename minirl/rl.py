@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
+from . import checkpoint, importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -40,8 +41,8 @@ from .sampler import make_sampler, sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
-             reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None
-             ) -> History:
+             reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None,
+             output_dir: str | Path | None = None, resume_from: str | Path | None = None) -> History:
     """Train ``model`` in place with the algorithm that ``cfg`` describes; return the per-step History.
 
     Args:
@@ -60,6 +61,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
         callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
             ``row`` (e.g. a measurement on fresh samples) are logged with it.
+        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained`` of model and tokenizer)
+            and a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``); None saves nothing.
+        resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
@@ -69,7 +73,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
             that every reward function returned None for; a tokenizer that pads on the right
             (``rollout.check_tokenizer``); weights that are not float32 under precision "fp32" or "bf16-autocast"
-            (``precision.prepare``). RuntimeError when dynamic sampling runs out of rounds.
+            (``precision.prepare``); checkpoint_every without output_dir, or resuming with other settings
+            (``checkpoint.resume``). RuntimeError when dynamic sampling runs out of rounds.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
@@ -80,6 +85,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
     if "prompt" not in train_data.column_names:
         raise ValueError(f"train_data needs a 'prompt' column, got columns {train_data.column_names}")
+    if cfg.checkpoint_every and output_dir is None:
+        raise ValueError(f"cfg.checkpoint_every={cfg.checkpoint_every} needs an output_dir to write checkpoints to")
     reward_fn = reward_fn or tasks.running_sums_reward
     set_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -90,12 +97,16 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     sampler = make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
-    beta, history = cfg.beta, History()
-    if eval_data is not None:
+    beta, history, start = cfg.beta, History(), 0
+    if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
+        start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
+                                                 ref_model=ref_model, critic=critic)
+        sync_sampler(sampler, model)
+    elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
                                            reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
-
-    for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress, mininterval=PROGRESS_INTERVAL):
+    for step in tqdm(range(start + 1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress,
+                     mininterval=PROGRESS_INTERVAL):
         t0 = time.time()
         # 1-2. rollout and reward: G completions per prompt, scored (dynamic sampling repeats both)
         logged = {}  # what the reward functions report through log_metric(name, value)
@@ -142,6 +153,12 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            checkpoint.save(Path(output_dir) / f"checkpoint-{step}", step=step, cfg=cfg, model=model,
+                            tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
+                            ref_model=ref_model, critic=critic)
+    if output_dir is not None:
+        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)
     return history
 
 
