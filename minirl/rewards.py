@@ -30,7 +30,8 @@ def is_conversational(prompt) -> bool:
 
 def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequence[str], completions: Sequence[str],
                       *, completion_ids: Sequence[Sequence[int]] | None = None, columns: dict[str, list] | None = None,
-                      weights: Sequence[float] | None = None, reward_kwargs: dict | None = None) -> Tensor:
+                      weights: Sequence[float] | None = None, reward_kwargs: dict | None = None,
+                      per_function: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """The weighted sum of one or several reward functions over B completions, with TRL's rule for ``None``.
 
     r_i = sum_k w_k * f_k(...)[i] over the functions that scored row i (a ``None`` is left out of the sum, TRL's
@@ -57,9 +58,11 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
         columns: the dataset's other columns, each a list of B values, passed to every function by name.
         weights: one weight per function (default 1 each).
         reward_kwargs: further keyword arguments passed to every function (see above).
+        per_function: also return each function's own scores, for GDPO (``advantages.gdpo_advantages``).
 
     Returns:
-        (B,) float32 rewards; NaN exactly on the unscored rows (None from every function).
+        (B,) float32 rewards; NaN exactly on the unscored rows (None from every function). With per_function, the
+        pair (rewards, (B, K) unweighted scores of the K functions with NaN where a function returned None).
 
     Raises:
         ValueError: naming the function, if it does not return exactly B values, or returns something that is not a
@@ -81,7 +84,7 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     ids = None if completion_ids is None else [list(map(int, row)) for row in completion_ids]
     if prompts and is_conversational(prompts[0]):  # TRL's shape for a chat model's completions
         completions = [[{"role": "assistant", "content": c}] for c in completions]
-    total, scored = torch.zeros(B), torch.zeros(B, dtype=torch.bool)
+    total, scored, per_func = torch.zeros(B), torch.zeros(B, dtype=torch.bool), []
     for fn, w in zip(fns, weights, strict=True):
         name = getattr(fn, "__name__", repr(fn))
         values = list(fn(prompts=list(prompts), completions=list(completions), completion_ids=ids, **kwargs))
@@ -97,12 +100,14 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
         applies = torch.tensor([v is not None for v in values], dtype=torch.bool)
         total += w * torch.tensor([0.0 if v is None else float(v) for v in values])  # None adds 0 (nansum)
         scored |= applies
+        per_func.append(torch.tensor([math.nan if v is None else float(v) for v in values]))
     if not scored.all():
         row = int((~scored).nonzero()[0])
         warnings.warn(f"every reward function returned None for {int((~scored).sum())} of {B} completions (first: "
                       f"row {row}, prompt {prompts[row]!r}, completion {completions[row]!r}); they are unscored and "
                       f"get advantage 0", stacklevel=2)
-    return torch.where(scored, total, torch.nan)
+    total = torch.where(scored, total, torch.nan)
+    return (total, torch.stack(per_func, dim=1)) if per_function else total
 
 
 def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:

@@ -124,7 +124,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
         advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta=beta,
-                                                             critic=critic)
+                                                             critic=critic, reward_weights=reward_weights)
         rl_batch = RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                            n_prompt_tokens=batch.n_prompt_tokens, completion_mask=mask,
                            loss_mask=loss_mask(batch, cfg), old_logprobs=old_logprobs, advantages=advantages,
@@ -220,8 +220,9 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
                                  min_new_tokens=min_new_tokens, batch_size=cfg.generation_batch_size,
                                  record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler")
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
-        s = rewards.score_completions(reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r),
-                                      columns=r.columns, weights=reward_weights, reward_kwargs=reward_kwargs)  # (B,)
+        s, r.rewards_per_func = rewards.score_completions(  # (B,) the weighted sum, (B, K) per function (GDPO)
+            reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r), columns=r.columns,
+            weights=reward_weights, reward_kwargs=reward_kwargs, per_function=True)
         return s, (r, s)
 
     if not cfg.dynamic_sampling:
@@ -330,13 +331,15 @@ def shape_rewards(scores: Tensor, batch: rollout.Rollout, cfg: RLConfig) -> Tens
 # ------------------------------------------------------------------------------------------------ 3. advantages
 @torch.no_grad()
 def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: rollout.Rollout, cfg: RLConfig,
-                       *, beta: float, critic=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                       *, beta: float, critic=None, reward_weights=None
+                       ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Stage 3: (advantages, returns, old_values). Advantages are (B,) for an outcome reward, (B, T) when the
     reward has per-token parts (PPO's GAE, or a KL penalty in the reward); returns and old_values (B, T) for
     PPO's critic, else None.
 
     Source: GAE, Schulman et al. 2016, eq. 16; GRPO, Shao et al. 2024, section 4.1.2; Dr. GRPO, Liu et al. 2025;
-    RLOO, Ahmadian et al. 2024; REINFORCE++, Hu et al. 2025.
+    RLOO, Ahmadian et al. 2024; REINFORCE++, Hu et al. 2025; GDPO, Liu et al. 2026 (``gdpo_advantages``, with
+    ``reward_weights`` and ``batch.rewards_per_func``).
     """
     mask = batch.completion_mask
     kl_in_reward = kl_tokens is not None and beta > 0 and cfg.kl_placement == "reward"
@@ -354,6 +357,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     if kl_in_reward:  # group baseline of the outcome, KL penalties summed to go
         return adv.group_advantages_to_go(total_rewards, beta * kl_tokens, mask, cfg.group_size,
                                           scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
+    if cfg.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each reward function normalised first
+        return gdpo_advantages(batch, cfg, reward_weights), None, None
     if cfg.advantage == "rloo":
         return adv.rloo_advantages(total_rewards, group_size=cfg.group_size), None, None
     if cfg.advantage == "reinforce_pp":
@@ -362,6 +367,19 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
         return (adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps),
                 None, None)
     return adv.group_advantages(total_rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
+
+
+def gdpo_advantages(batch: rollout.Rollout, cfg: RLConfig, reward_weights=None) -> Tensor:
+    """(B,) GDPO's advantages of the batch's per-function scores (``adv.gdpo_advantages``); DAPO's overlong
+    penalty, when on, is one more function of weight 1, as in TRL where it is one of the reward functions."""
+    per_func = batch.rewards_per_func
+    weights = torch.tensor([1.0] * per_func.shape[1] if reward_weights is None else list(reward_weights))
+    if cfg.overlong_shaping:
+        penalty = rewards.overlong_penalty(batch.lengths.cpu(), max_len=cfg.max_new_tokens,
+                                           cache_len=cfg.overlong_cache_len)
+        per_func, weights = torch.cat([per_func, penalty.unsqueeze(1)], dim=1), torch.cat([weights, torch.ones(1)])
+    return adv.gdpo_advantages(per_func, weights, group_size=cfg.group_size,
+                               eps=cfg.adv_eps).to(batch.completion_mask.device)
 
 
 def loss_mask(batch: rollout.Rollout, cfg: RLConfig) -> Tensor:

@@ -50,6 +50,8 @@ class Rollout:
             KV-cached forwards), 0 where masked; None for rollouts built by hand.
         sampler_routes: the experts the sampler used while decoding (``moe.Routes`` of shape (B, P + T, k) per
             layer), when asked for: what Rollout Routing Replay (R3) replays in the trainer.
+        rewards_per_func: (B, K) each reward function's score, NaN where it returned None; filled by the RL loop
+            for GDPO (``advantages.gdpo_advantages``), else None.
     """
 
     input_ids: Tensor
@@ -66,6 +68,7 @@ class Rollout:
     columns: dict[str, list] = field(default_factory=dict)
     sampler_logprobs: Tensor | None = None
     sampler_routes: object = None
+    rewards_per_func: Tensor | None = None
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -480,6 +483,7 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         columns={k: [v[i] for i in rows.tolist()] for k, v in rollout.columns.items()},
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[rows],
         sampler_routes=None if rollout.sampler_routes is None else rollout.sampler_routes.select(rows),
+        rewards_per_func=None if rollout.rewards_per_func is None else rollout.rewards_per_func[rows.cpu()],
     )
 
 
@@ -515,7 +519,9 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
                    group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
                    columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
-                   sampler_logprobs=sampler, sampler_routes=sampler_routes)
+                   sampler_logprobs=sampler, sampler_routes=sampler_routes,
+                   rewards_per_func=None if rollouts[0].rewards_per_func is None else torch.cat(
+                       [r.rewards_per_func for r in rollouts]))
 
 
 def _concat_routes(rollouts: Sequence[Rollout], name: str):
