@@ -7,10 +7,12 @@ Every module, by layer:
   (on-policy distillation), truncation (top-k / top-p kept sets, the trainer's log-probs renormalised over them),
   stale (off-policy sequence masking, decoupled PPO, the staleness KL), checks (argument checks, numerical
   guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
-- the model side: tasks, tokenizer, models, rollout, moe (routing replay), sampler (a mismatched sampler),
+- the model side: tasks, gsm8k (GSM8K-style answers, reward and loader), tokenizer, chat (plain and
+  conversational prompts, chat templates), models, rollout, moe (routing replay), sampler (a mismatched sampler),
   precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted).
-- the loops, one stage per file: config, warm_start, rl, preference_loop, preference_data, evaluation, history,
-  plots, sweep (grids of arms x seeds), bench, interop (TRL and verl), ``__main__`` (the command line).
+- the loops, one stage per file: config, warm_start, rl, checkpoint (checkpoints, exact resume, the saved policy),
+  preference_loop, preference_data, evaluation, history, plots, sweep (grids of arms x seeds), bench, interop (TRL
+  and verl), ``__main__`` (the command line).
 - the course kit: exercises (the exercises' checker).
 
 The names below are the public API (README.md describes it); the warm start is ``minirl.warm_start.warm_start`` (not

@@ -1,5 +1,6 @@
 """Command line, three commands: ``python -m minirl train --algo grpo`` (the main job: warm start, evaluate, train
-with RL, evaluate again), ``python -m minirl bench`` (time one RL step; ``--vs-trl``: against TRL's GRPOTrainer) and
+with RL, evaluate again; with ``--model NAME|PATH``: train your own checkpoint on GSM8K-style math, ``model_job``),
+``python -m minirl bench`` (time one RL step; ``--vs-trl``: against TRL's GRPOTrainer) and
 ``python -m minirl sweep SPEC`` (a grid of arms x seeds from a sweep spec, resumable). ``python -m minirl.interop``
 prints every preset's TRL and verl settings."""
 
@@ -61,6 +62,102 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
     return summary
 
 
+#: The reward functions ``--reward`` names (comma-separated for several).
+REWARDS = ("answer", "format")
+
+
+def load_prompts(dataset: str, tokenizer, *, system_prompt: str | None = None):
+    """The training prompts: a JSONL file of GSM8K-format rows (``question`` / ``answer``, ``gsm8k.load``) or of
+    ready ``prompt`` rows (strings or conversations) with an ``answer`` column, or a hub dataset in GSM8K's format
+    (with internet). Questions become conversations when the tokenizer has a chat template, plain text otherwise.
+
+    Raises:
+        ValueError: for a JSONL file whose rows have neither ``question`` nor ``prompt``.
+    """
+    import datasets
+
+    from . import chat, gsm8k
+
+    use_chat = getattr(tokenizer, "chat_template", None) is not None
+    path = Path(dataset)
+    if path.suffix == ".jsonl" and path.is_file():
+        first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
+        if "prompt" in first:
+            rows = datasets.Dataset.from_list([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
+            return rows.map(lambda r: {"prompt": chat.with_system_prompt(r["prompt"], system_prompt)})
+        if "question" not in first:
+            raise ValueError(f"--dataset {dataset}: rows need 'question' and 'answer' (GSM8K) or 'prompt', got "
+                             f"{sorted(first)}")
+    return gsm8k.load(dataset, chat=use_chat, system_prompt=system_prompt)
+
+
+def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weights: str | None = None,
+              algo: str = "grpo", out: str | Path, system_prompt: str | None = None, resume: str | None = None,
+              attn_implementation: str = "sdpa", **settings) -> dict:
+    """Train a Hugging Face causal LM (a hub name, or a folder from ``save_pretrained``) with RL on math prompts.
+
+    Loads the model (float32 master weights; ``precision`` in ``settings`` picks bf16 autocast) and its tokenizer,
+    padded on the left (minirl owns it here: Qwen's and SmolLM2's pad on the right by default), trains with
+    ``algo``'s preset and ``settings`` (any RLConfig field: steps, prompts_per_step, group_size, ...), and writes
+    under ``out``: metrics.jsonl, summary.json, policy/ (the trained model and tokenizer, ``save_pretrained``) and
+    checkpoint-N/ every ``checkpoint_every`` steps.
+
+    Args:
+        model: hub name or local folder.
+        dataset: see ``load_prompts``.
+        reward: names of ``REWARDS``, comma-separated: "answer" (``gsm8k.answer_reward``), "format"
+            (``gsm8k.format_reward``).
+        reward_weights: one weight per reward, comma-separated (default 1 each).
+        out: the run's folder.
+        system_prompt: a system prompt for every question.
+        resume: a checkpoint folder, or "latest" (the newest under ``out``).
+        attn_implementation: the attention kernel ("sdpa", or "eager" for bit-exact reloads).
+
+    Returns:
+        The summary dict (also written to summary.json).
+
+    Raises:
+        ValueError: for an unknown reward name, a weight count that does not match, or "latest" with no checkpoint.
+    """
+    import torch
+    from transformers import AutoTokenizer
+
+    from . import checkpoint, gsm8k, models
+    from .config import make_config
+    from .rl import train_rl
+
+    t0, out = time.time(), Path(out)
+    names = reward.split(",")
+    if not set(names) <= set(REWARDS):
+        raise ValueError(f"--reward {reward!r}: choose from {REWARDS}, comma-separated")
+    fns = [{"answer": gsm8k.answer_reward, "format": gsm8k.format_reward}[n] for n in names]
+    weights = None if reward_weights is None else [float(w) for w in reward_weights.split(",")]
+    if weights is not None and len(weights) != len(fns):
+        raise ValueError(f"--reward-weights {reward_weights!r}: one weight per reward ({len(fns)})")
+    if resume == "latest":
+        resume = checkpoint.latest(out)
+        if resume is None:
+            raise ValueError(f"--resume latest: no checkpoint in {out}")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.padding_side = "left"  # the last prompt column is where generation reads (rollout.check_tokenizer)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    lm = models.load(model, attn_implementation=attn_implementation)
+    lm.to("cuda" if torch.cuda.is_available() else "cpu")
+    data = load_prompts(dataset, tokenizer, system_prompt=system_prompt)
+    cfg = make_config(algo, **settings)
+    history = train_rl(lm, tokenizer, cfg, data, reward_fn=fns, reward_weights=weights, output_dir=out,
+                       resume_from=resume)
+    history.to_jsonl(out / "metrics.jsonl")
+    rows = [r for r in history.rows if "reward" in r]
+    summary = {"model": model, "dataset": dataset, "reward": names, "algo": algo, "steps": cfg.steps,
+               "resumed_from": None if resume is None else str(resume), "first_reward": rows[0]["reward"],
+               "last_reward": rows[-1]["reward"], "seconds": round(time.time() - t0, 1),
+               "policy": str(out / checkpoint.POLICY)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     from .config import ALGORITHMS, PROFILES
 
@@ -75,7 +172,30 @@ def main(argv: list[str] | None = None) -> int:
                        help="seed of the starting model (default 0: the shipped warm start of the cpu profile; "
                             "others are trained and cached)")
     train.add_argument("--steps", type=int, default=None, help="RL steps (default: the profile's)")
-    train.add_argument("--out", default=None, help="output folder (default runs/<algo>)")
+    train.add_argument("--out", default=None, help="output folder (default runs/<algo>, with --model "
+                                                   "runs/<algo>-<model folder name>)")
+    own = train.add_argument_group("your own model (with --model; without it, the main job above)")
+    own.add_argument("--model", default=None, help="a Hugging Face causal LM: hub name or local folder")
+    own.add_argument("--dataset", default=None, help="GSM8K-format JSONL (question/answer), JSONL of prompt/answer "
+                                                     "rows, or a hub name (default data/gsm8k_style/train.jsonl)")
+    own.add_argument("--reward", default="answer", help=f"comma-separated of {REWARDS} (default answer)")
+    own.add_argument("--reward-weights", default=None, help="comma-separated, one per reward (default 1 each)")
+    own.add_argument("--gdpo", action="store_true", help="normalise each reward in its group before summing "
+                                                         "(multi_objective_aggregation='normalize_then_sum')")
+    own.add_argument("--system-prompt", default=None, help="a system prompt before every question")
+    own.add_argument("--prompts-per-step", type=int, default=8)
+    own.add_argument("--group-size", type=int, default=8)
+    own.add_argument("--max-new-tokens", type=int, default=256)
+    own.add_argument("--lr", type=float, default=1e-6)
+    own.add_argument("--beta", type=float, default=None, help="KL coefficient (default: the preset's)")
+    own.add_argument("--precision", default="fp32", choices=("fp32", "bf16-autocast", "bf16"))
+    own.add_argument("--gradient-checkpointing", action="store_true")
+    own.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (default all)")
+    own.add_argument("--generation-batch-size", type=int, default=None, help="rows per decode loop (default all)")
+    own.add_argument("--logprob-batch-size", type=int, default=None, help="rows per no-grad log-prob forward")
+    own.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: none)")
+    own.add_argument("--resume", default=None, help="a checkpoint-N folder, or 'latest' under --out")
+    own.add_argument("--attn-implementation", default="sdpa", help="sdpa (default) or eager")
     bench = sub.add_parser("bench", help="time one RL step (generate / log-probs / backward / optimiser)")
     bench.add_argument("--profile", default=None, choices=sorted(PROFILES),
                        help="model sizes and batch (default: gpu if CUDA is available, else cpu)")
@@ -97,6 +217,26 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({k: v for k, v in summary.items() if k not in ("arms", "spec")}, indent=1))
         return 0
 
+    if args.command == "train" and args.model is not None:
+        from .gsm8k import DATA
+
+        out = args.out or f"runs/{args.algo}-{Path(args.model.rstrip('/')).name}"
+        sizes = {k: getattr(args, k) for k in ("prompts_per_step", "group_size", "max_new_tokens", "lr", "precision",
+                                                "gradient_checkpointing", "micro_batch_size", "generation_batch_size",
+                                                "logprob_batch_size", "checkpoint_every", "seed")}
+        sizes.update({"steps": args.steps} if args.steps else {}, **({"beta": args.beta} if args.beta is not None
+                                                                      else {}))
+        if args.gdpo:
+            sizes["multi_objective_aggregation"] = "normalize_then_sum"
+        summary = model_job(args.model, dataset=args.dataset or str(DATA), reward=args.reward,
+                            reward_weights=args.reward_weights, algo=args.algo, out=out,
+                            system_prompt=args.system_prompt, resume=args.resume,
+                            attn_implementation=args.attn_implementation, **sizes)
+        print(f"\n{args.algo} on {args.model}, {summary['steps']} steps, {summary['seconds']} s: mean reward "
+              f"{summary['first_reward']:.3f} (first step) -> {summary['last_reward']:.3f} (last step)")
+        print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/policy/ (models.load reads it)"
+              + (f"; checkpoint-N/ every {args.checkpoint_every} step(s)" if args.checkpoint_every else ""))
+        return 0
     if args.command == "train":
         from .warm_start import describe_heldout
 

@@ -367,3 +367,78 @@ def group_advantages_to_go(scores: Tensor, token_penalties: Tensor, mask: Tensor
     to_go = c.flip(-1).cumsum(-1).flip(-1)  # (B, T) C_t
     baseline = to_go[:, 0].view(-1, group_size).mean(1).repeat_interleave(group_size)  # (B,)
     return (task.unsqueeze(1) - (to_go - baseline.unsqueeze(1))) * mask
+
+
+#: How several reward functions become one advantage (TRL 1.16's ``multi_objective_aggregation``).
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+
+
+def _nanstd(x: Tensor, dim: int | None = None) -> Tensor:
+    """The unbiased std ignoring NaN, TRL's ``nanstd`` step for step (NaN with fewer than two values)."""
+    keep = dim is not None
+    mean = torch.nanmean(x, dim=dim, keepdim=True) if keep else torch.nanmean(x)
+    variance = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=True) if keep else torch.nanmean((x - mean) ** 2)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=True) if keep else (~torch.isnan(x)).sum()
+    correction = torch.where(count > 1, count / (count - 1), torch.full_like(count / 1.0, float("nan")))
+    return torch.sqrt(variance * correction)
+
+
+def gdpo_advantages(rewards_per_func: Tensor, weights: Tensor, *, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GDPO: each reward function normalised within its group first, then the weighted sum, normalised over the batch.
+
+    r~_ik = (r_ik - mean_group(r_k)) / (std_group(r_k) + eps) for each function k (unbiased std);
+    s_i = sum_k w_k * r~_ik (a function that returned None for row i, NaN, is left out of the sum);
+    A_i = (s_i - mean_B(s)) / (std_B(s) + eps).
+
+    Why: summing first (GRPO's ``sum_then_normalize``) merges distinct reward vectors into one advantage: with a
+    format and an answer reward, "right answer, bad format" and "wrong answer, good format" get the same sum and
+    the same advantage, and a reward with a larger spread drowns the other. Normalising each function first gives
+    each the same weight in every group, and the weights then apply to comparable scales.
+
+    The same operations in the same order as TRL 1.16, so the figures agree exactly: NaN-aware means and stds,
+    weights after the group normalisation, a row that every function returned None for (unscored) is left out of
+    the batch mean and std and gets advantage 0, and a function with fewer than two scored rows in a group (std
+    NaN) contributes nothing to that group. A function constant within a group contributes (r - mean) / eps,
+    round-off of the mean only (0 when the mean is exact, as for 0/1 rewards).
+
+    Example: G = 4, one group, functions (answer, format) scoring rows [1, 0], [0, 1], [1, 1], [0, 0], weights
+    [1, 1]: each column normalised is [0.8658, -0.8658, 0.8658, -0.8658] and [-0.8658, 0.8658, 0.8658, -0.8658]
+    (mean 0.5, std sqrt(1/3) = 0.57735, 0.5 / 0.57745 = 0.8658); their sums [0, 0, 1.7317, -1.7317]; over the batch
+    mean 0 and std 1.41393, so A = [0, 0, 1.2247, -1.2247] (summing first, GRPO gives the same here). With the
+    format reward scaled to 0/3, GDPO's advantages change only by eps's share (7e-5), while GRPO's become [-0.5477,
+    0.5477, 1.0954, -1.0954]: "format right, answer wrong" now beats "answer right, format wrong".
+
+    Args:
+        rewards_per_func: (B, K) each reward function's score of each completion, unweighted, laid out group by
+            group; NaN where the function returned None (``rewards.reward_matrix``).
+        weights: (K,) one weight per function (TRL's ``reward_weights``).
+        group_size: G >= 1 (with G = 1 every per-function score is NaN-std and contributes 0, as in TRL).
+        eps: added to each std (TRL: 1e-4).
+
+    Returns:
+        (B,) advantages, finite (0 on unscored rows).
+
+    Raises:
+        ValueError: if rewards_per_func is not 2-D, holds inf, weights is not (K,), or B is not a multiple of G.
+
+    Source: GDPO, Liu et al. 2026 ("Group reward-Decoupled Normalization Policy Optimization", arXiv 2601.05242);
+    TRL 1.16 ``GRPOTrainer._generate_and_score_completions``, ``multi_objective_aggregation=
+    "normalize_then_sum"``.
+    """
+    ndim("rewards_per_func", rewards_per_func, 2, "(B, K)")
+    ndim("weights", weights, 1, "(K,)")
+    B, K = rewards_per_func.shape
+    if weights.numel() != K:
+        raise ValueError(f"weights has {weights.numel()} entries for {K} reward functions")
+    if torch.isinf(rewards_per_func).any():
+        raise ValueError("rewards_per_func must be finite (NaN marks a function that did not score a row)")
+    if group_size < 1 or B % group_size != 0:
+        raise ValueError(f"rewards_per_func has {B} rows, not a multiple of group_size={group_size}")
+    grouped = rewards_per_func.float().view(-1, group_size, K)  # (groups, G, K)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = _nanstd(grouped, dim=1) if group_size > 1 else torch.zeros_like(mean_k)
+    normalised = ((grouped - mean_k) / (std_k + eps)).view(-1, K)  # (B, K)
+    summed = (normalised * weights.to(normalised).unsqueeze(0)).nansum(dim=1)  # (B,) weights after normalising
+    summed[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscored rows: out of the batch statistics
+    std = _nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
+    return torch.nan_to_num((summed - torch.nanmean(summed)) / (std + eps), nan=0.0)

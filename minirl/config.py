@@ -103,6 +103,8 @@ class RLConfig:
     adv_scale: str = "group"  # for advantage="group": "group" std, "batch" std, or "none" (Dr. GRPO); the other
     # outcome estimators carry their own scaling and need "none"
     adv_eps: float = 1e-4
+    multi_objective_aggregation: str = "sum_then_normalize"  # several reward functions: summed, then the advantage;
+    # or "normalize_then_sum" (GDPO: each normalised in its group, weighted sum, batch-normalised; TRL's name)
     whiten_advantages: bool = True  # PPO: whiten GAE advantages over the batch
     gamma: float = 1.0  # PPO discount
     lam: float = 0.95  # GAE lambda
@@ -156,7 +158,8 @@ class RLConfig:
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (less activation memory)
     generation_batch_size: int | None = None  # rows per decode loop (its KV cache holds this many); None: all rows
     logprob_batch_size: int | None = None  # rows per no-grad log-prob forward (pi_old, reference); None: all rows
-    # --- logging
+    # --- logging and checkpoints
+    checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
     progress: bool = True  # tqdm bar
@@ -181,11 +184,20 @@ class RLConfig:
         if self.advantage in advantages.ESTIMATORS and self.beta > 0 and self.kl_placement == "reward":
             raise ValueError(f"kl_placement='reward' is implemented for advantage='group' and 'gae' (the KL "
                              f"penalty-to-go), not for {self.advantage!r}: use kl_placement='loss' or beta=0")
+        choice("multi_objective_aggregation", self.multi_objective_aggregation, advantages.AGGREGATIONS)
+        kl_in_reward = self.beta > 0 and self.kl_placement == "reward"
+        if self.multi_objective_aggregation == "normalize_then_sum" and (
+                self.advantage != "group" or self.adv_scale != "group" or kl_in_reward):
+            raise ValueError("multi_objective_aggregation='normalize_then_sum' (GDPO) is its own group-then-batch "
+                             "normalisation: it needs advantage='group', adv_scale='group' (not read, as TRL ignores "
+                             "scale_rewards) and no KL penalty in the reward")
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
         choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
         choice("precision", self.precision, PRECISIONS)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         for name in ("micro_batch_size", "generation_batch_size", "logprob_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {getattr(self, name)}")

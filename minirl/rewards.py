@@ -3,8 +3,9 @@
 A reward function is ``reward_fn(prompts, completions, completion_ids, **columns) -> list[float | None]``: one
 prompt, one completion text and one list of completion token ids per sampled completion (B of each) and, by name,
 the dataset's other columns repeated per completion. This is the call TRL 1.16's GRPOTrainer makes to its
-``reward_funcs`` (plain-text prompts; conversational message lists are not produced here), so a reward function
-written for TRL works here unchanged, and back. ``None`` for a row means "this function does not apply to it".
+``reward_funcs``, for plain-text prompts and for conversational ones (message lists; each completion then arrives
+as ``[{"role": "assistant", "content": text}]``), so a reward function written for TRL works here unchanged, and
+back. ``None`` for a row means "this function does not apply to it".
 """
 
 from __future__ import annotations
@@ -20,9 +21,17 @@ from torch import Tensor
 from .checks import ndim, prefix_mask, same_shape
 
 
+def is_conversational(prompt) -> bool:
+    """True for a conversation, TRL's conversational format: a list of messages, dicts with a "role" (and a
+    "content"); False for a plain-text prompt. Source: TRL 1.16, ``trl.data_utils.is_conversational``."""
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(isinstance(m, dict) and "role" in m
+                                                                          for m in prompt)
+
+
 def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequence[str], completions: Sequence[str],
                       *, completion_ids: Sequence[Sequence[int]] | None = None, columns: dict[str, list] | None = None,
-                      weights: Sequence[float] | None = None, reward_kwargs: dict | None = None) -> Tensor:
+                      weights: Sequence[float] | None = None, reward_kwargs: dict | None = None,
+                      per_function: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """The weighted sum of one or several reward functions over B completions, with TRL's rule for ``None``.
 
     r_i = sum_k w_k * f_k(...)[i] over the functions that scored row i (a ``None`` is left out of the sum, TRL's
@@ -33,23 +42,27 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     [1 + 2 * 0.5, 0, NaN] = [2.0, 0.0, NaN] (row 2 unscored, with a warning).
 
     Every function is called as ``f(prompts=..., completions=..., completion_ids=..., **columns, **reward_kwargs)``
-    (all by name, so ``**kwargs`` absorbs what it does not read). The RL loop passes as reward_kwargs
+    (all by name, so ``**kwargs`` absorbs what it does not read). When the prompts are conversations (message
+    lists, ``is_conversational``), each completion is passed as ``[{"role": "assistant", "content": text}]``, the
+    shape TRL 1.16 gives them (so ``completion[0]["content"]`` is its text). The RL loop passes as reward_kwargs
     ``trainer_state`` (an object with ``global_step``, the optimiser steps done so far, and ``max_steps``) and
     ``log_metric(name, value)`` (the step's mean of each name goes into its History row); evaluation passes
     ``trainer_state``. Not passed: ``log_extra`` (minirl keeps no completions table) and ``environments``.
 
     Args:
         reward_fn: a function as above, or a list of them.
-        prompts: B prompt strings (one per completion, repeated within a group).
-        completions: B completion texts.
+        prompts: B prompts (one per completion, repeated within a group): strings, or message lists.
+        completions: B completion texts (wrapped as assistant messages for conversational prompts, see above).
         completion_ids: B lists of the completion's token ids, EOS included, padding excluded (as TRL); None
             passes ``completion_ids=None``.
         columns: the dataset's other columns, each a list of B values, passed to every function by name.
         weights: one weight per function (default 1 each).
         reward_kwargs: further keyword arguments passed to every function (see above).
+        per_function: also return each function's own scores, for GDPO (``advantages.gdpo_advantages``).
 
     Returns:
-        (B,) float32 rewards; NaN exactly on the unscored rows (None from every function).
+        (B,) float32 rewards; NaN exactly on the unscored rows (None from every function). With per_function, the
+        pair (rewards, (B, K) unweighted scores of the K functions with NaN where a function returned None).
 
     Raises:
         ValueError: naming the function, if it does not return exactly B values, or returns something that is not a
@@ -58,7 +71,8 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
             the functions.
 
     Source: TRL 1.16, ``GRPOTrainer._calculate_rewards`` and the nansum of ``_generate_and_score_completions``
-    (the ``reward_funcs`` / ``reward_weights`` convention, "multi-task reward functions").
+    (the ``reward_funcs`` / ``reward_weights`` convention, "multi-task reward functions"; the assistant-message
+    completions of conversational prompts).
     """
     fns = [reward_fn] if callable(reward_fn) else list(reward_fn)
     weights = [1.0] * len(fns) if weights is None else list(weights)
@@ -68,7 +82,9 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     B = len(completions)
     kwargs = {**(columns or {}), **(reward_kwargs or {})}
     ids = None if completion_ids is None else [list(map(int, row)) for row in completion_ids]
-    total, scored = torch.zeros(B), torch.zeros(B, dtype=torch.bool)
+    if prompts and is_conversational(prompts[0]):  # TRL's shape for a chat model's completions
+        completions = [[{"role": "assistant", "content": c}] for c in completions]
+    total, scored, per_func = torch.zeros(B), torch.zeros(B, dtype=torch.bool), []
     for fn, w in zip(fns, weights, strict=True):
         name = getattr(fn, "__name__", repr(fn))
         values = list(fn(prompts=list(prompts), completions=list(completions), completion_ids=ids, **kwargs))
@@ -84,12 +100,14 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
         applies = torch.tensor([v is not None for v in values], dtype=torch.bool)
         total += w * torch.tensor([0.0 if v is None else float(v) for v in values])  # None adds 0 (nansum)
         scored |= applies
+        per_func.append(torch.tensor([math.nan if v is None else float(v) for v in values]))
     if not scored.all():
         row = int((~scored).nonzero()[0])
         warnings.warn(f"every reward function returned None for {int((~scored).sum())} of {B} completions (first: "
                       f"row {row}, prompt {prompts[row]!r}, completion {completions[row]!r}); they are unscored and "
                       f"get advantage 0", stacklevel=2)
-    return torch.where(scored, total, torch.nan)
+    total = torch.where(scored, total, torch.nan)
+    return (total, torch.stack(per_func, dim=1)) if per_function else total
 
 
 def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
+from . import checkpoint, importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -40,15 +41,16 @@ from .sampler import make_sampler, sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
-             reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None
-             ) -> History:
+             reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None,
+             output_dir: str | Path | None = None, resume_from: str | Path | None = None) -> History:
     """Train ``model`` in place with the algorithm that ``cfg`` describes; return the per-step History.
 
     Args:
         model: the policy (a causal LM), trained in place.
         tokenizer: its tokenizer.
         cfg: an RLConfig (``config.make_config(algo, ...)``).
-        train_data: a ``datasets.Dataset`` with a ``prompt`` column and whatever columns the reward reads.
+        train_data: a ``datasets.Dataset`` with a ``prompt`` column (strings, or conversations that the tokenizer's
+            chat template renders: ``chat.render``) and whatever columns the reward reads.
         eval_data: optional held-out Dataset; the mean reward (sampled at cfg.temperature, and greedy) is logged
             before training, every ``cfg.eval_every`` steps and at the end.
         reward_fn: ``reward_fn(prompts, completions, completion_ids, **columns) -> list[float | None]`` (TRL's
@@ -59,6 +61,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
         callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
             ``row`` (e.g. a measurement on fresh samples) are logged with it.
+        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained`` of model and tokenizer)
+            and a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``); None saves nothing.
+        resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
@@ -68,7 +73,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
             that every reward function returned None for; a tokenizer that pads on the right
             (``rollout.check_tokenizer``); weights that are not float32 under precision "fp32" or "bf16-autocast"
-            (``precision.prepare``). RuntimeError when dynamic sampling runs out of rounds.
+            (``precision.prepare``); checkpoint_every without output_dir, or resuming with other settings
+            (``checkpoint.resume``). RuntimeError when dynamic sampling runs out of rounds.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
@@ -79,6 +85,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
     if "prompt" not in train_data.column_names:
         raise ValueError(f"train_data needs a 'prompt' column, got columns {train_data.column_names}")
+    if cfg.checkpoint_every and output_dir is None:
+        raise ValueError(f"cfg.checkpoint_every={cfg.checkpoint_every} needs an output_dir to write checkpoints to")
     reward_fn = reward_fn or tasks.running_sums_reward
     set_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -89,12 +97,16 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     sampler = make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
-    beta, history = cfg.beta, History()
-    if eval_data is not None:
+    beta, history, start = cfg.beta, History(), 0
+    if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
+        start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
+                                                 ref_model=ref_model, critic=critic)
+        sync_sampler(sampler, model)
+    elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
                                            reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
-
-    for step in tqdm(range(1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress, mininterval=PROGRESS_INTERVAL):
+    for step in tqdm(range(start + 1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress,
+                     mininterval=PROGRESS_INTERVAL):
         t0 = time.time()
         # 1-2. rollout and reward: G completions per prompt, scored (dynamic sampling repeats both)
         logged = {}  # what the reward functions report through log_metric(name, value)
@@ -112,7 +124,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
         advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta=beta,
-                                                             critic=critic)
+                                                             critic=critic, reward_weights=reward_weights)
         rl_batch = RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                            n_prompt_tokens=batch.n_prompt_tokens, completion_mask=mask,
                            loss_mask=loss_mask(batch, cfg), old_logprobs=old_logprobs, advantages=advantages,
@@ -141,6 +153,12 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            checkpoint.save(Path(output_dir) / f"checkpoint-{step}", step=step, cfg=cfg, model=model,
+                            tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
+                            ref_model=ref_model, critic=critic)
+    if output_dir is not None:
+        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)
     return history
 
 
@@ -202,8 +220,9 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
                                  min_new_tokens=min_new_tokens, batch_size=cfg.generation_batch_size,
                                  record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler")
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
-        s = rewards.score_completions(reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r),
-                                      columns=r.columns, weights=reward_weights, reward_kwargs=reward_kwargs)  # (B,)
+        s, r.rewards_per_func = rewards.score_completions(  # (B,) the weighted sum, (B, K) per function (GDPO)
+            reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r), columns=r.columns,
+            weights=reward_weights, reward_kwargs=reward_kwargs, per_function=True)
         return s, (r, s)
 
     if not cfg.dynamic_sampling:
@@ -312,13 +331,15 @@ def shape_rewards(scores: Tensor, batch: rollout.Rollout, cfg: RLConfig) -> Tens
 # ------------------------------------------------------------------------------------------------ 3. advantages
 @torch.no_grad()
 def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: rollout.Rollout, cfg: RLConfig,
-                       *, beta: float, critic=None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+                       *, beta: float, critic=None, reward_weights=None
+                       ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """Stage 3: (advantages, returns, old_values). Advantages are (B,) for an outcome reward, (B, T) when the
     reward has per-token parts (PPO's GAE, or a KL penalty in the reward); returns and old_values (B, T) for
     PPO's critic, else None.
 
     Source: GAE, Schulman et al. 2016, eq. 16; GRPO, Shao et al. 2024, section 4.1.2; Dr. GRPO, Liu et al. 2025;
-    RLOO, Ahmadian et al. 2024; REINFORCE++, Hu et al. 2025.
+    RLOO, Ahmadian et al. 2024; REINFORCE++, Hu et al. 2025; GDPO, Liu et al. 2026 (``gdpo_advantages``, with
+    ``reward_weights`` and ``batch.rewards_per_func``).
     """
     mask = batch.completion_mask
     kl_in_reward = kl_tokens is not None and beta > 0 and cfg.kl_placement == "reward"
@@ -336,6 +357,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     if kl_in_reward:  # group baseline of the outcome, KL penalties summed to go
         return adv.group_advantages_to_go(total_rewards, beta * kl_tokens, mask, cfg.group_size,
                                           scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
+    if cfg.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each reward function normalised first
+        return gdpo_advantages(batch, cfg, reward_weights), None, None
     if cfg.advantage == "rloo":
         return adv.rloo_advantages(total_rewards, group_size=cfg.group_size), None, None
     if cfg.advantage == "reinforce_pp":
@@ -344,6 +367,19 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
         return (adv.reinforce_pp_baseline_advantages(total_rewards, group_size=cfg.group_size, eps=cfg.adv_eps),
                 None, None)
     return adv.group_advantages(total_rewards, cfg.group_size, scale=cfg.adv_scale, eps=cfg.adv_eps), None, None
+
+
+def gdpo_advantages(batch: rollout.Rollout, cfg: RLConfig, reward_weights=None) -> Tensor:
+    """(B,) GDPO's advantages of the batch's per-function scores (``adv.gdpo_advantages``); DAPO's overlong
+    penalty, when on, is one more function of weight 1, as in TRL where it is one of the reward functions."""
+    per_func = batch.rewards_per_func
+    weights = torch.tensor([1.0] * per_func.shape[1] if reward_weights is None else list(reward_weights))
+    if cfg.overlong_shaping:
+        penalty = rewards.overlong_penalty(batch.lengths.cpu(), max_len=cfg.max_new_tokens,
+                                           cache_len=cfg.overlong_cache_len)
+        per_func, weights = torch.cat([per_func, penalty.unsqueeze(1)], dim=1), torch.cat([weights, torch.ones(1)])
+    return adv.gdpo_advantages(per_func, weights, group_size=cfg.group_size,
+                               eps=cfg.adv_eps).to(batch.completion_mask.device)
 
 
 def loss_mask(batch: rollout.Rollout, cfg: RLConfig) -> Tensor:

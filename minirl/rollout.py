@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .chat import encode_prompts
 from .checks import choice, ndim, same_shape, zero_outside
 from .moe import Routes, record_routing
 
@@ -42,13 +43,15 @@ class Rollout:
             not to recompute them.
         group_size: G.
         routes: the recorded MoE routing of the behaviour forward (``moe.Routes``), when asked for.
-        prompts: the prompt text of each row, B strings (each prompt repeated G times).
+        prompts: the prompt of each row as given, B strings or conversations (each prompt repeated G times).
         columns: the dataset's other columns, each a list of B values (row i gets the value of its prompt), for
             the reward functions (``rewards.score_completions``); filled by whoever sampled from a dataset.
         sampler_logprobs: (B, T) the log-probs the decode loop computed while sampling (from its incremental,
             KV-cached forwards), 0 where masked; None for rollouts built by hand.
         sampler_routes: the experts the sampler used while decoding (``moe.Routes`` of shape (B, P + T, k) per
             layer), when asked for: what Rollout Routing Replay (R3) replays in the trainer.
+        rewards_per_func: (B, K) each reward function's score, NaN where it returned None; filled by the RL loop
+            for GDPO (``advantages.gdpo_advantages``), else None.
     """
 
     input_ids: Tensor
@@ -61,10 +64,11 @@ class Rollout:
     logprobs: Tensor
     group_size: int
     routes: object = None
-    prompts: list[str] = field(default_factory=list)
+    prompts: list = field(default_factory=list)
     columns: dict[str, list] = field(default_factory=dict)
     sampler_logprobs: Tensor | None = None
     sampler_routes: object = None
+    rewards_per_func: Tensor | None = None
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -381,7 +385,8 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     Args:
         model: a causal LM (put in eval mode for sampling, restored afterwards).
         tokenizer: the model's tokenizer: left padding and a pad token (``check_tokenizer``), EOS set.
-        prompts: N prompt strings.
+        prompts: N prompts: strings, or conversations (lists of {"role", "content"} messages) that the tokenizer's
+            chat template renders with the generation prompt (``chat.render``; plain text without a template).
         group_size: G >= 1 completions per prompt.
         max_new_tokens: the completion budget; completions without EOS by then are ``truncated``.
         temperature: sampling temperature (> 0). The behaviour log-probs use the same value.
@@ -407,8 +412,8 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
 
     Raises:
         ValueError: if group_size < 1, max_new_tokens < 1, temperature <= 0, min_new_tokens < 0, prompts is empty,
-            batch_size < 1, record_routes without recompute_logprobs, or the tokenizer pads on the right or has no
-            pad token (``check_tokenizer``).
+            batch_size < 1, record_routes without recompute_logprobs, the tokenizer pads on the right or has no
+            pad token (``check_tokenizer``), or prompts mixes strings and conversations (``chat.render``).
     """
     if group_size < 1 or max_new_tokens < 1 or temperature <= 0 or len(prompts) == 0:
         raise ValueError(f"need group_size >= 1 (got {group_size}), max_new_tokens >= 1 (got {max_new_tokens}), "
@@ -423,7 +428,7 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True).to(device)
+    enc = encode_prompts(tokenizer, prompts).to(device)  # (N, P): text as is, conversations by the chat template
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
     chunks, rows = [], batch_size or len(prompt_ids)  # (completion_ids, sampler_logprobs, routes) per batch
@@ -478,6 +483,7 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         columns={k: [v[i] for i in rows.tolist()] for k, v in rollout.columns.items()},
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[rows],
         sampler_routes=None if rollout.sampler_routes is None else rollout.sampler_routes.select(rows),
+        rewards_per_func=None if rollout.rewards_per_func is None else rollout.rewards_per_func[rows.cpu()],
     )
 
 
@@ -513,7 +519,9 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
                    group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
                    columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
-                   sampler_logprobs=sampler, sampler_routes=sampler_routes)
+                   sampler_logprobs=sampler, sampler_routes=sampler_routes,
+                   rewards_per_func=None if rollouts[0].rewards_per_func is None else torch.cat(
+                       [r.rewards_per_func for r in rollouts]))
 
 
 def _concat_routes(rollouts: Sequence[Rollout], name: str):

@@ -45,6 +45,7 @@ PAPERS = [
     ("Kim & Rush 2016 (sequence-level knowledge distillation)", r"Kim & Rush"),
     ("Kool et al. 2019 (leave-one-out baseline)", r"Kool"),
     ("Kullback & Leibler 1951", r"Kullback"),
+    ("Liu et al. 2026 (GDPO, group reward-decoupled normalisation)", r"GDPO|2601\.05242"),
     ("Liu et al. 2025 (Dr. GRPO)", r"Liu et al|Dr\. GRPO"),
     ("Liu & Li et al. 2025 (masked importance sampling, When Speed Kills Stability)", r"Liu & Li|Speed Kills"),
     ("Ma et al. 2025 (rollout routing replay, R3)", r"\bMa et al|2510\.11370"),

@@ -1,0 +1,101 @@
+"""``python -m minirl train --model ...`` (issue 36, item 3e): the command line trains a saved checkpoint end to end
+on the offline chat stand-in (``standins``) with minirl's GSM8K-style file, saves the policy and checkpoints, and
+resumes; without --model the main job's command is untouched."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from standins import save_chat_standin
+
+from minirl import __main__ as cli
+from minirl import models
+
+ROOT = Path(__file__).resolve().parent.parent
+TIMINGS = ("time", "time_generate", "time_optimise")
+
+
+@pytest.fixture(scope="module")
+def standin_dir(tmp_path_factory):
+    return save_chat_standin(tmp_path_factory.mktemp("qwen3chat"))
+
+
+def rows(path):
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMINGS} for line in open(path)]
+
+
+def test_the_cli_trains_a_saved_chat_model_end_to_end_in_under_a_minute_and_resumes(standin_dir, tmp_path):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "minirl", "train", "--model", str(standin_dir), "--reward", "answer,format",
+               "--reward-weights", "1,0.5", "--steps", "2", "--prompts-per-step", "2", "--group-size", "4",
+               "--max-new-tokens", "16", "--lr", "1e-5", "--checkpoint-every", "1", "--gradient-checkpointing",
+               "--system-prompt", "Solve it and end with #### N.", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    t0 = time.time()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    seconds = time.time() - t0
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert seconds < 60, seconds  # measured about 5 s on 2 shared cores, most of it imports
+    assert "mean reward" in done.stdout and f"{out}/policy/" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2", "metrics.jsonl", "policy",
+                                                     "summary.json"]
+    whole = rows(out / "metrics.jsonl")
+    assert [r["step"] for r in whole] == [1, 2]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["reward"] == ["answer", "format"] and summary["steps"] == 2
+    # the saved policy is the model after the last step, the weights of that step's checkpoint (a random stand-in
+    # earns no reward, so here they equal the start's; a moving update: test_chat.py; exact logits: test_resume.py)
+    policy, last = (models.load(str(p)).state_dict() for p in (out / "policy", out / "checkpoint-2" / "policy"))
+    assert policy.keys() == last.keys() and all(torch.equal(policy[k], last[k]) for k in policy)
+    # resume the run from its newest checkpoint (step 2) for one more step
+    argv = command[3:] + ["--resume", "latest"]
+    argv[argv.index("--steps") + 1] = "3"
+    assert cli.main(argv) == 0
+    resumed = rows(out / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3] and resumed[:2] == whole
+    assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith("checkpoint-2")
+
+
+def test_cli_errors_name_the_flag(standin_dir, tmp_path):
+    with pytest.raises(ValueError, match="--reward"):
+        cli.main(["train", "--model", str(standin_dir), "--reward", "length", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--reward-weights"):
+        cli.main(["train", "--model", str(standin_dir), "--reward", "answer", "--reward-weights", "1,2",
+                  "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="no checkpoint"):
+        cli.main(["train", "--model", str(standin_dir), "--resume", "latest", "--out", str(tmp_path)])
+
+
+def test_a_jsonl_of_prompt_rows_and_a_base_tokenizer(tmp_path):
+    from minirl.tokenizer import build_tokenizer
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "1+2=", "answer": "3"}) + "\n")
+    data = cli.load_prompts(str(path), build_tokenizer(), system_prompt="add")
+    assert data[0] == {"prompt": "add\n\n1+2=", "answer": "3"}
+    gsm = cli.load_prompts(str(ROOT / "data" / "gsm8k_style" / "train.jsonl"), build_tokenizer())
+    assert isinstance(gsm[0]["prompt"], str)  # no chat template: the question as plain text
+    path.write_text(json.dumps({"text": "x"}) + "\n")
+    with pytest.raises(ValueError, match="'question' and 'answer'"):
+        cli.load_prompts(str(path), build_tokenizer())
+
+
+def test_without_model_the_main_job_runs_as_before(monkeypatch):
+    calls = []
+
+    class Called(Exception):
+        pass
+
+    def fake_main_job(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise Called
+
+    monkeypatch.setattr(cli, "main_job", fake_main_job)
+    with pytest.raises(Called):
+        cli.main(["train", "--algo", "dapo", "--steps", "3", "--seed", "2"])
+    assert calls == [(("dapo", None, 2, 3, "runs/dapo"), {"warm_start_seed": 0})]
