@@ -8,11 +8,13 @@ the time; print the figures a lesson quotes and the check holds them exactly.
 
 Run alone with ``python -m pytest tests/test_lessons.py -q`` (about a second: it only reads JSON)."""
 
+import ast
 import bisect
 import io
 import json
 import re
 import subprocess
+import sys
 import tokenize
 from functools import cache
 from pathlib import Path
@@ -242,3 +244,75 @@ def test_every_prose_figure_comes_from_an_output_or_a_stored_result(path):
     assert not bad, (f"{len(bad)} figures in the prose that are no rounding, to the prose's digits, of a number in a "
                      f"stored output, a code cell, a stored result the code names ({files}) or the notebook's "
                      "ALLOWED list in tests/test_lessons.py; print them from a code cell:\n" + "\n".join(bad))
+
+
+
+# What a lesson imports must install with the package and its notebooks extra (issue 35, defect 7: notebook 08 stopped
+# at "No module named 'trl'" after `pip install -e ".[notebooks]"`). Import name -> distribution, for every third-party
+# module a lesson imports; a new one fails test_every_lesson_import_is_known until it is added here.
+DISTRIBUTION = {"torch": "torch", "transformers": "transformers", "datasets": "datasets", "numpy": "numpy",
+                "matplotlib": "matplotlib", "pandas": "pandas", "trl": "trl"}
+# minirl functions that import an optional module inside their body: a lesson that calls one needs that module too
+CALL_NEEDS = {"to_trl": "trl", "trl_kwargs": "trl"}
+LOCAL = {"minirl"} | {p.stem for p in (ROOT / "notebooks").rglob("*.py")}  # the package; scripts beside the lessons
+
+
+def lesson_imports(path: Path) -> set[str]:
+    """Top-level modules a lesson's code cells import (import lines; shell and magic lines left out), plus the
+    optional modules of the minirl functions it calls (CALL_NEEDS)."""
+    found = set()
+    for c in cells(path):
+        if c["cell_type"] != "code":
+            continue
+        source = "\n".join(line for line in text(c["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Attribute) and node.attr in CALL_NEEDS:
+                found.add(CALL_NEEDS[node.attr])
+            elif isinstance(node, ast.Name) and node.id in CALL_NEEDS:
+                found.add(CALL_NEEDS[node.id])
+    return found
+
+
+def pyproject() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def requirement_name(requirement: str) -> str:
+    return re.match(r"[A-Za-z0-9_.-]+", requirement).group(0).lower().replace("_", "-")
+
+
+def test_every_lesson_import_is_known():
+    unknown = sorted({f"{p.stem}: {m}" for p in NOTEBOOKS for m in lesson_imports(p)
+                      if m not in DISTRIBUTION and m not in LOCAL and m not in sys.stdlib_module_names})
+    assert not unknown, f"third-party modules missing from DISTRIBUTION in tests/test_lessons.py: {unknown}"
+    assert "trl" in lesson_imports(ROOT / "notebooks" / "08_sampler_mismatch.ipynb")  # through interop.to_trl
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_the_notebooks_extra_installs_what_the_lesson_imports(path):
+    project = pyproject()
+    installed = {requirement_name(r) for r in project["dependencies"] + project["optional-dependencies"]["notebooks"]}
+    missing = sorted(m for m in lesson_imports(path) if m in DISTRIBUTION and DISTRIBUTION[m] not in installed)
+    assert not missing, (f"{path.stem} imports {missing}, which neither the dependencies nor the notebooks extra of "
+                         "pyproject.toml install")
+
+
+def test_each_requirement_has_one_bound_and_environment_yml_lists_it():
+    # a distribution in two extras (trl in notebooks and trl) carries the same bound in both, and environment.yml,
+    # which installs everything, lists that bound
+    project = pyproject()
+    bounds = {}
+    for requirement in project["dependencies"] + [r for rs in project["optional-dependencies"].values() for r in rs]:
+        bounds.setdefault(requirement_name(requirement), set()).add(requirement.strip())
+    assert all(len(b) == 1 for b in bounds.values()), {k: b for k, b in bounds.items() if len(b) > 1}
+    environment = (ROOT / "environment.yml").read_text()
+    missing = [b for (b,) in bounds.values() if f"- {b}\n" not in environment]
+    assert not missing, f"environment.yml lacks {missing}"
