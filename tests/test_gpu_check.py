@@ -1,4 +1,4 @@
-"""tests/gpu_check.sh, the GPU check, checked here without a GPU and without running it: the scripts parse, the wheel
+""".ci/gpu_check.sh, the GPU check, checked here without a GPU and without running it: the scripts parse, the wheel
 list covers what datasets, nbval and ipykernel need beyond what the GPU image has, the wheels and the tree fit in
 what a device run carries, the budgets add up to what the README says, and the helper's install plan, requirement
 check and summary behave on synthetic wheels and results."""
@@ -20,9 +20,9 @@ from packaging.utils import canonicalize_name
 from minirl import config
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK = ROOT / "tests" / "gpu_check.sh"
-WHEELS_SH = ROOT / "tests" / "gpu_wheels.sh"
-HELPER = ROOT / "tests" / "gpu_check.py"
+CHECK = ROOT / ".ci" / "gpu_check.sh"
+WHEELS_SH = ROOT / ".ci" / "gpu_wheels.sh"
+HELPER = ROOT / ".ci" / "gpu_check.py"
 ROOTS = ("datasets", "nbval", "ipykernel")  # what the check imports beyond the image
 # in the image (device KINDS.md) and too big to carry: not shipped, not walked into
 NOT_SHIPPED = {"pyarrow", "numpy", "pandas", "huggingface-hub", "torch", "transformers", "tokenizers"}
@@ -30,7 +30,7 @@ NOT_SHIPPED = {"pyarrow", "numpy", "pandas", "huggingface-hub", "torch", "transf
 
 def listed() -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "tests" / "gpu_wheels.txt").read_text().splitlines():
+    for line in (ROOT / ".ci" / "gpu_wheels.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             name, sep, version = line.partition("==")
@@ -64,7 +64,7 @@ def test_the_wheel_list_covers_what_datasets_nbval_and_ipykernel_need():
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(req.name)
     missing = sorted(reached - set(pins))
-    assert not missing, f"needed on the GPU machine but not in tests/gpu_wheels.txt: {missing}"
+    assert not missing, f"needed on the GPU machine but not in .ci/gpu_wheels.txt: {missing}"
     assert {"datasets", "dill", "multiprocess", "nbval", "ipykernel", "jupyter-client", "pyzmq", "tornado"} <= reached
     assert not NOT_SHIPPED & set(pins)
 
