@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import nan_history
 
 from minirl import advantages, history, plots
 
@@ -42,16 +43,6 @@ def test_explained_variance_is_nan_when_undefined():
 
 
 # --- History: NaN left out of series, written as null ---------------------------------------------------------------
-def nan_history():
-    h = history.History()
-    h.log(step=0, eval_accuracy=0.25)
-    h.log(step=1, reward=0.5, explained_variance=0.3, grad_norm=1.5)
-    h.log(step=2, reward=0.5, explained_variance=float("nan"), grad_norm=float("nan"))  # all rewards equal
-    h.log(step=3, reward=0.75, explained_variance=-0.2, grad_norm=2.0)
-    h.log(step=4, reward=1.0, explained_variance=float("nan"), grad_norm=float("inf"))
-    return h
-
-
 def test_history_series_leaves_nan_out():
     h = nan_history()
     assert h.series("explained_variance") == ([1, 3], [0.3, -0.2])

@@ -237,16 +237,6 @@ def test_routing_change_fraction_refuses_mismatched_recordings():
 # --- Routing Replay on the real tiny MoE (Qwen3-MoE from transformers) --------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moe_rollout(tok):
-    """A randomly initialised tiny MoE (default sizes: 4 layers, 8 experts, top-2) and 8 sampled completions."""
-    torch.manual_seed(0)
-    model = models.tiny_moe(tok, seed=0)
-    prompts = list(tasks.load_split("train").select(range(4))["prompt"])
-    r = rollout.generate(model, tok, prompts, group_size=2, max_new_tokens=12, record_routes=True)
-    return model, r
-
-
 class ExpertsSpy:
     """Records the expert indices and weights the experts modules actually received (a pre-hook on each)."""
 

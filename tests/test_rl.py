@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_model
 
 from minirl import config, evaluation, history, losses, models, rl, rollout, tasks, warm_start
 
@@ -18,10 +19,6 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"time", "time_generate", "time_optimise"}
 
 
-
-
-def tiny_model(tok, seed=0):
-    return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=seed)
 
 
 # --- make_config / RLConfig -----------------------------------------------------------------------------------------
