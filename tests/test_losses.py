@@ -7,10 +7,11 @@ import helpers
 import pytest
 import torch
 
-from minirl import config, kl
+from minirl import config, kl, losses
 from minirl.losses import aggregate, policy_loss
 
 D = torch.float64
+MODES = losses.AGGREGATIONS
 
 
 def t(rows):
@@ -330,3 +331,142 @@ def test_policy_loss_shape_mismatch_names_the_arguments():
 def test_kl_estimators_refuse_mismatched_shapes(estimator):
     with pytest.raises(ValueError, match="ref_logprobs"):
         estimator(torch.zeros(2, 3), torch.zeros(3, 2))
+
+
+# --- DAPO's and Dr. GRPO's aggregations, overlong filtering and clip-higher -------------------------------------------
+def t_rows(*rows):
+    return torch.tensor(rows, dtype=D)
+
+
+close_1e7 = partial(helpers.close, atol=1e-7, dtype=D)
+
+
+# --- the acceptance example of the issue: ratio 1, beta 0, A = [+1, -1], lengths [3, 1] --------------------------
+# On-policy the ratio is 1, so the per-token loss is -A * 1: row 0 -> [-1, -1, -1], row 1 -> [+1, 0, 0] (2 padded).
+AGG_LOGP = t_rows([-1.0, -2.0, -0.5], [-0.3, 0.0, 0.0])
+AGG_MASK = t_rows([1, 1, 1], [1, 0, 0])
+AGG_ADV = torch.tensor([1.0, -1.0], dtype=D)
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("seq-mean-token-mean", 0.0),  # per sequence: -3/3 = -1 and +1/1 = +1; mean (-1 + 1) / 2 = 0
+    ("token-mean", -0.5),  # all tokens: (-1 - 1 - 1 + 1) / 4 tokens = -2/4 = -0.5
+    ("seq-mean-token-sum-norm", -1 / 3),  # (-3/3 + 1/3) / 2 sequences = (-2/3) / 2 = -1/3 (max_tokens 3)
+    ("seq-mean-token-sum", -1.0),  # (-3 + 1) / 2 sequences = -1
+])
+def test_acceptance_loss_under_each_aggregation(mode, expected):
+    loss, stats = losses.policy_loss(AGG_LOGP, AGG_LOGP.clone(), AGG_ADV, AGG_MASK, agg=mode, max_tokens=3)
+    close_1e7(loss, expected)
+    assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == 1.0
+
+
+@pytest.mark.parametrize("mode, weights", [
+    # d loss / d logprob_t = -A_i * w_t at ratio 1; the weight w_t of each token is
+    ("token-mean", [[1 / 4] * 3, [1 / 4]]),  # 1 / (all 4 tokens): every token the same
+    ("seq-mean-token-mean", [[1 / 6] * 3, [1 / 2]]),  # 1 / (2 seqs * |o_i|): 1/(2*3) long, 1/(2*1) short
+    ("seq-mean-token-sum-norm", [[1 / 6] * 3, [1 / 6]]),  # 1 / (2 seqs * max_tokens 3): every token the same
+    ("seq-mean-token-sum", [[1 / 2] * 3, [1 / 2]]),  # 1 / (2 seqs): every token the same, scale grows with T
+])
+def test_gradient_weight_of_each_token_under_each_aggregation(mode, weights):
+    logp = AGG_LOGP.clone().requires_grad_(True)
+    loss, _ = losses.policy_loss(logp, AGG_LOGP.clone(), AGG_ADV, AGG_MASK, agg=mode, max_tokens=3)
+    (grad,) = torch.autograd.grad(loss, logp)
+    # GRPO's per-sequence mean gives the short completion's token 3x the weight of a long one's (1/2 vs 1/6):
+    # a wrong answer (A < 0) is pushed down less per token the longer it is -- Dr. GRPO's length bias.
+    expected = t_rows([-w * 1.0 for w in weights[0]], [+weights[1][0], 0.0, 0.0])  # -A * w; padding gets 0
+    close_1e7(grad, expected)
+
+
+# paper-index: losses.aggregate
+def test_aggregate_docstring_example():
+    per_token, mask = t_rows([2, 2, 2, 0], [10, 0, 0, 0]), t_rows([1, 1, 1, 0], [1, 0, 0, 0])
+    close_1e7(losses.aggregate(per_token, mask, "token-mean"), 4.0)  # (2+2+2+10) / 4 tokens
+    close_1e7(losses.aggregate(per_token, mask, "seq-mean-token-mean"), 6.0)  # (6/3 + 10/1) / 2 = (2 + 10) / 2
+    close_1e7(losses.aggregate(per_token, mask, "seq-mean-token-sum-norm", max_tokens=4), 2.0)  # (6/4 + 10/4) / 2
+
+
+def test_sum_norm_defaults_to_T_and_rejects_bad_max_tokens():
+    per_token, mask = t_rows([2, 2, 2, 0], [10, 0, 0, 0]), t_rows([1, 1, 1, 0], [1, 0, 0, 0])
+    close_1e7(losses.aggregate(per_token, mask, "seq-mean-token-sum-norm"), 2.0)  # T = 4
+    with pytest.raises(ValueError, match="max_tokens"):
+        losses.aggregate(per_token, mask, "seq-mean-token-sum-norm", max_tokens=0)
+    with pytest.raises(ValueError, match="aggregation mode"):
+        losses.aggregate(per_token, mask, "mean")
+    with pytest.raises(ValueError, match="denominator"):
+        losses.aggregate(per_token, mask, "token-mean", denominator=0)
+
+
+def test_overlong_filtering_removes_truncated_tokens_from_numerator_and_denominator():
+    # a finished completion of 2 tokens (loss 1 each) and a truncated one of 4 tokens (loss 3 each)
+    per_token = t_rows([1, 1, 0, 0], [3, 3, 3, 3])
+    mask = t_rows([1, 1, 0, 0], [1, 1, 1, 1])
+    truncated = torch.tensor([False, True])
+    filtered = mask * (~truncated).to(D).unsqueeze(1)  # what the trainer does with overlong_filter=True
+    close_1e7(losses.aggregate(per_token, filtered, "token-mean"), 1.0)  # (1 + 1) / 2 tokens
+    close_1e7(losses.aggregate(per_token, mask, "token-mean"), 14 / 6)  # without filtering: (2 + 12) / 6 tokens
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("denominator", [None, 1.0])  # 1.0 is what the trainer passes for an all-masked minibatch
+def test_fully_masked_batch_gives_zero_loss_and_zero_finite_gradient(mode, denominator):
+    logp = t_rows([-1.0, -2.0], [-0.5, -0.1]).requires_grad_(True)
+    old = t_rows([-3.0, -0.1], [-0.5, -9.0])  # wild ratios on masked tokens must not leak
+    loss, stats = losses.policy_loss(logp, old, torch.tensor([1.0, -1.0], dtype=D), torch.zeros(2, 2, dtype=D),
+                                     agg=mode, denominator=denominator)
+    assert loss.item() == 0.0 and not math.isnan(stats["ratio_mean"])
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert torch.isfinite(grad).all() and (grad == 0).all()
+
+
+# --- clip-higher ---------------------------------------------------------------------------------------------------
+def test_clip_fractions_low_and_high_on_hand_made_ratios():
+    # row 0, A = +1, ratios 1.25, 1.3, 0.7; row 1, A = -1, ratios 0.7, 1.3, 0.9. eps_low 0.2, eps_high 0.28:
+    #   high clip (A > 0 and r > 1.28): only 1.3 in row 0            -> 1/6
+    #   low clip (A < 0 and r < 0.8): only 0.7 in row 1              -> 1/6
+    #   0.7 with A > 0 and 1.3 with A < 0 are NOT clipped (the min picks the unclipped term, gradient flows)
+    ratios = t_rows([1.25, 1.3, 0.7], [0.7, 1.3, 0.9])
+    old = torch.full((2, 3), -1.0, dtype=D)
+    logp = (old + ratios.log()).requires_grad_(True)
+    A, mask = torch.tensor([1.0, -1.0], dtype=D), torch.ones(2, 3, dtype=D)
+    loss, stats = losses.policy_loss(logp, old, A, mask, eps_low=0.2, eps_high=0.28, agg="token-mean")
+    close_1e7(stats["clip_frac_high"], 1 / 6)
+    close_1e7(stats["clip_frac_low"], 1 / 6)
+    close_1e7(stats["clip_frac"], 2 / 6)
+    close_1e7(stats["ratio_max"], 1.3)
+    close_1e7(stats["ratio_min"], 0.7)
+    (grad,) = torch.autograd.grad(loss, logp)
+    # gradient of -A r / 6 w.r.t. log r is -A r / 6; zero where clipped
+    close_1e7(grad, t_rows([-1.25 / 6, 0.0, -0.7 / 6], [0.0, 1.3 / 6, 0.9 / 6]))
+    # with the symmetric 0.2 / 0.2 clip, 1.25 is clipped too: high 2/6
+    _, sym = losses.policy_loss(logp, old, A, mask, eps_low=0.2, eps_high=0.2, agg="token-mean")
+    close_1e7(sym["clip_frac_high"], 2 / 6)
+    close_1e7(sym["clip_frac_low"], 1 / 6)
+
+
+# paper-index: losses.policy_loss
+@pytest.mark.parametrize("pi_old, eps_high, ceiling", [
+    (0.01, 0.20, 0.012),  # a rare token: 0.01 * 1.2 = 0.012 is as far as one clipped step can push it
+    (0.01, 0.28, 0.0128),  # clip-higher: 0.01 * 1.28 = 0.0128
+    (0.90, 0.20, 1.08),  # a likely token: 0.9 * 1.2 = 1.08 > 1, so the clip never binds below probability 1
+])
+def test_clip_ceiling_of_a_token(pi_old, eps_high, ceiling):
+    # with A > 0 the gradient vanishes exactly when pi / pi_old > 1 + eps_high, i.e. pi > pi_old (1 + eps_high)
+    close_1e7(pi_old * (1 + eps_high), ceiling, atol=1e-12)
+    old = torch.tensor([[math.log(pi_old)]], dtype=D)
+    A, mask = torch.ones(1, dtype=D), torch.ones(1, 1, dtype=D)
+    for pi, clipped in ((min(ceiling * 0.999, 0.999), False), (ceiling * 1.001, True)):
+        if pi >= 1:
+            continue  # not a probability: the ceiling is out of reach for this token
+        logp = torch.tensor([[math.log(pi)]], dtype=D, requires_grad=True)
+        loss, _ = losses.policy_loss(logp, old, A, mask, eps_low=0.2, eps_high=eps_high)
+        (grad,) = torch.autograd.grad(loss, logp)
+        assert (grad.abs().item() == 0.0) == clipped, (pi, grad)
+
+
+def test_eps_high_defaults_to_eps_low_and_bad_eps_raise():
+    old = torch.zeros(1, 1, dtype=D)
+    logp = torch.full((1, 1), math.log(1.25), dtype=D)
+    _, st = losses.policy_loss(logp, old, torch.ones(1, dtype=D), torch.ones(1, 1, dtype=D), eps_low=0.2)
+    assert st["clip_frac_high"] == 1.0  # 1.25 > 1 + 0.2
+    with pytest.raises(ValueError, match="eps_low"):
+        losses.policy_loss(logp, old, torch.ones(1, dtype=D), torch.ones(1, 1, dtype=D), eps_low=1.0)

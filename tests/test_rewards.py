@@ -21,14 +21,19 @@ import math
 import os
 import re
 import warnings
+from functools import partial
 
 import datasets
+import helpers
 import pytest
 import torch
 
 from minirl import config, models, rewards, rl, sampling, tasks
 from minirl.advantages import group_advantages
 from minirl.tokenizer import build_tokenizer
+
+D = torch.float64
+close = partial(helpers.close, atol=1e-7, dtype=D)
 
 
 # ------------------------------------------------------------------------------------------------ TRL's doc examples
@@ -322,3 +327,22 @@ def test_overlong_shaping_scores_an_unscored_row_as_trl_does():
     cfg = config.make_config("dapo", max_new_tokens=20, overlong_cache_len=4)
     batch = SimpleNamespace(lengths=torch.tensor([18.0, 20.0]), completion_mask=torch.ones(2, 20))
     assert rl.shape_rewards(torch.tensor([1.0, math.nan]), batch, cfg).tolist() == [0.5, -1.0]
+
+
+# --- overlong reward shaping (DAPO eq. 13) ---------------------------------------------------------------------------
+# paper-index: rewards.overlong_penalty
+def test_overlong_penalty_acceptance_values():
+    # max_len 20, cache 4: the ramp starts after 20 - 4 = 16 tokens: (16 - |y|) / 4 for 16 < |y| <= 20, -1 beyond
+    lengths = torch.tensor([15, 16, 17, 18, 19, 20, 21])
+    close(rewards.overlong_penalty(lengths, max_len=20, cache_len=4), [0, 0, -0.25, -0.5, -0.75, -1.0, -1.0])
+
+
+def test_overlong_penalty_bounds_and_errors():
+    p = rewards.overlong_penalty(torch.arange(0, 50), max_len=32, cache_len=8)
+    assert p.max() == 0.0 and p.min() == -1.0 and bool((p[1:] <= p[:-1]).all())  # in [-1, 0], non-increasing
+    with pytest.raises(ValueError, match="cache_len"):
+        rewards.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=5)
+    with pytest.raises(ValueError, match="cache_len"):
+        rewards.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=0)
+    with pytest.raises(ValueError, match="lengths"):
+        rewards.overlong_penalty(torch.tensor([[3]]), max_len=4, cache_len=2)

@@ -7,18 +7,28 @@ import dataclasses
 import json
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
+import helpers
 import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import config, evaluation, history, losses, models, rl, rollout, tasks, warm_start
+from minirl import advantages, config, evaluation, history, losses, models, rl, rollout, tasks, warm_start
+from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TIMING = {"time", "time_generate", "time_optimise"}
+D = torch.float64
+MODES = losses.AGGREGATIONS
 
 
+def t(*rows):
+    return torch.tensor(rows, dtype=D)
+
+
+close = partial(helpers.close, atol=1e-7, dtype=D)
 
 
 # --- make_config / RLConfig -----------------------------------------------------------------------------------------
@@ -492,3 +502,127 @@ def test_show_completions_gives_each_model_the_same_prompts_and_scores_them(tok,
     assert len(capsys.readouterr().out.strip().splitlines()) == 8
     again = evaluation.show_completions({"a": a}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
     assert [r["completion"] for r in again] == [r["completion"] for r in out[:4]]  # seeded: repeatable
+
+
+# --- dynamic sampling -------------------------------------------------------------------------------------------
+ROUNDS = [t([1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]).flatten(), t([1, 0, 1, 1], [1, 1, 1, 1], [0, 0, 1, 0]).flatten()]
+
+
+# --- the trainer paths, on a tiny real model ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny():
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    return model, tok
+
+
+def _fake_data(n=16):
+    import datasets
+
+    prompts = [f"{a}+{b}=" for a in range(1, 5) for b in range(1, 5)][:n]
+    return datasets.Dataset.from_dict({"prompt": prompts, "answer": ["0"] * len(prompts),
+                                       "completion": ["#0"] * len(prompts)})
+
+
+def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkeypatch):
+    model, tok = tiny
+    G = 4
+    generated, scored, seen = [], [], {}
+    real_generate = rollout.generate
+
+    def recording_generate(*args, **kwargs):
+        r = real_generate(*args, **kwargs)
+        generated.append(r)
+        return r
+
+    def scripted_reward(prompts, completions, **columns):  # one call per generation round, none after
+        scored.append(list(completions))
+        return ROUNDS[len(scored) - 1].float().tolist()
+
+    def capture(model_, optimizer, minibatch, cfg, **kw):
+        seen.update(batch=minibatch, advantages=minibatch.advantages.clone())
+        return real_update(model_, optimizer, minibatch, cfg, **kw)
+
+    real_update = rl.update_minibatch
+    monkeypatch.setattr(rl.rollout, "generate", recording_generate)
+    monkeypatch.setattr(rl, "update_minibatch", capture)
+    cfg = config.make_config("dapo", steps=1, prompts_per_step=2, gen_prompts_per_round=3, group_size=G,
+                             max_gen_batches=4, max_new_tokens=6, num_iterations=1, num_minibatches=1,
+                             overlong_shaping=False, lr=1e-4, progress=False)
+    h = rl.train_rl(model, tok, cfg, _fake_data(), reward_fn=scripted_reward)
+    assert len(generated) == 2 and len(scored) == 2  # the batch was full after 2 rounds, each scored once
+    # kept: round 1 group 1 (rows 4..7) then round 2 group 0 (rows 0..3)
+    T = max(generated[0].completion_ids.shape[1], generated[1].completion_ids.shape[1])
+    exp_ids = torch.cat([torch.nn.functional.pad(generated[0].completion_ids[4:8],
+                                                 (0, T - generated[0].completion_ids.shape[1]), value=0),
+                         torch.nn.functional.pad(generated[1].completion_ids[0:4],
+                                                 (0, T - generated[1].completion_ids.shape[1]), value=0)])
+    batch = seen["batch"]  # the one minibatch is the whole batch, in a shuffled group order
+    assert len(batch) == 2 * G
+    P = batch.n_prompt_tokens
+    trained = sorted(tuple(r) for r in batch.input_ids[:, P:].tolist())
+    assert trained == sorted(tuple(r) for r in exp_ids.tolist())
+    expected_adv = advantages.group_advantages(torch.tensor([0, 1, 0, 0, 1, 0, 1, 1.0]), G)  # kept groups' scores
+    assert sorted(seen["advantages"].tolist()) == pytest.approx(sorted(expected_adv.tolist()))
+    row = h.rows[-1]
+    assert (row["gen_rounds"], row["gen_samples"], row["useful_groups_in_batch"]) == (2, 24, 2)
+    close(row["useful_groups"], 3 / 6)  # 3 of the 6 generated groups had signal (one dropped as surplus)
+
+
+def test_trainer_dynamic_sampling_raises_when_rounds_run_out(tiny, monkeypatch):
+    model, tok = tiny
+    cfg = config.make_config("dapo", steps=1, prompts_per_step=2, group_size=4, max_gen_batches=2,
+                             max_new_tokens=4, overlong_cache_len=2, num_minibatches=1, progress=False)
+    with pytest.raises(RuntimeError, match="max_gen_batches=2"):
+        rl.train_rl(model, tok, cfg, _fake_data(), reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+
+
+@pytest.fixture(scope="module")
+def tiny_batch(tiny):
+    """A real rollout of the tiny model (8 rows, some truncated) with perturbed behaviour log-probs."""
+    model, tok = tiny
+    torch.manual_seed(0)
+    r = rollout.generate(model, tok, ["1+2=", "3+4+5=", "6+7=", "8+9+1+2="], group_size=2, max_new_tokens=10)
+    g = torch.Generator().manual_seed(1)
+    mask = r.completion_mask
+    old = r.logprobs + 0.3 * torch.randn(mask.shape, generator=g) * mask  # ratios off 1, some clipped
+    ref = r.logprobs + 0.2 * torch.randn(mask.shape, generator=g) * mask
+    adv = torch.randn(mask.shape[0], generator=g)
+    # the random model rarely stops, so give the rows different lengths in the loss mask (as EOS would), and
+    # remove one row entirely (as overlong filtering does)
+    lengths = torch.tensor([10, 0, 7, 3, 10, 5, 2, 9])
+    loss_mask = mask * (torch.arange(mask.shape[1]) < lengths.unsqueeze(1)).to(mask.dtype)
+    return r, old, ref, adv, loss_mask
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tiny_batch, mode, beta):
+    """The denominator logic of rl.update_minibatch: 3+3+2 micro-batches give the one-batch gradient."""
+    model, _ = tiny
+    r, old, ref, adv, loss_mask = tiny_batch
+    assert loss_mask.sum(-1).tolist() == [10, 0, 7, 3, 10, 5, 2, 9]  # lengths differ: a wrong denominator shows
+    rows = torch.arange(r.input_ids.shape[0])
+    grads, totals = [], []
+    for micro in (None, 3):
+        cfg = config.make_config("grpo", agg=mode, beta=beta, max_new_tokens=10, micro_batch_size=micro,
+                                 max_grad_norm=1e9, eps_high=0.28)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: read the gradient, leave the weights
+        batch = rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
+                           completion_mask=r.completion_mask, loss_mask=loss_mask, old_logprobs=old, advantages=adv,
+                           ref_logprobs=ref if beta > 0 else None)
+        out = rl.update_minibatch(model, opt, batch[rows], cfg, beta=beta)
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        totals.append(out["loss"])
+    assert grads[0].abs().max() > 1e-4  # a real gradient, not a trivially equal zero
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-4)
+    assert totals[1] == pytest.approx(totals[0], abs=1e-6)
+    # and the logged loss is the loss of the whole minibatch computed in one go
+    with torch.no_grad():
+        logp = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens)
+        full, _ = losses.policy_loss(logp, old, adv, loss_mask, eps_low=0.2, eps_high=0.28, level="token", agg=mode,
+                                     dual_clip=None, max_tokens=10)
+        if beta > 0:
+            from minirl import kl
+            full = full + beta * losses.aggregate(kl.kl_in_loss(logp, ref), loss_mask, mode, max_tokens=10)
+    assert totals[0] == pytest.approx(float(full), abs=1e-6)

@@ -1,0 +1,50 @@
+"""Tests of minirl.config: the presets carry their papers' switches, overrides win, and validate() names every
+bad setting."""
+
+from functools import partial
+
+import helpers
+import pytest
+import torch
+
+from minirl import advantages, config
+
+D = torch.float64
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=D)
+
+
+close = partial(helpers.close, atol=1e-7, dtype=D)
+
+
+# --- presets --------------------------------------------------------------------------------------------------------
+def test_dr_grpo_preset_has_both_fixes():
+    c = config.make_config("dr_grpo")
+    assert c.adv_scale == "none" and c.agg == "seq-mean-token-sum-norm"
+    assert c.beta == 0.0 and c.advantage == "group"
+    # no std division: rewards [1, 0, 0, 0] -> minus the mean 0.25 only
+    close(advantages.group_advantages(t(1, 0, 0, 0).flatten(), 4, scale=c.adv_scale), [0.75, -0.25, -0.25, -0.25])
+
+
+def test_dapo_preset_has_its_four_changes():
+    c = config.make_config("dapo")
+    assert (c.eps_low, c.eps_high) == (0.2, 0.28)
+    assert c.agg == "token-mean" and c.dynamic_sampling and c.overlong_shaping
+    assert c.beta == 0.0 and c.adv_scale == "group"
+
+
+def test_grpo_preset_is_the_baseline():
+    c = config.make_config("grpo")
+    assert (c.eps_low, c.eps_high, c.agg, c.adv_scale) == (0.2, 0.2, "seq-mean-token-mean", "group")
+    assert not c.dynamic_sampling and not c.overlong_shaping and not c.overlong_filter
+
+
+def test_config_rejects_bad_dapo_settings():
+    with pytest.raises(ValueError, match="gen_prompts_per_round"):
+        config.make_config("dapo", gen_prompts_per_round=0)
+    with pytest.raises(ValueError, match="overlong_cache_len"):
+        config.make_config("dapo", max_new_tokens=16, overlong_cache_len=20)
+    with pytest.raises(ValueError, match="max_gen_batches"):
+        config.make_config("dapo", max_gen_batches=0)
