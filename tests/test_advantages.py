@@ -6,10 +6,19 @@ from functools import partial
 import helpers
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from minirl import advantages
 from minirl.advantages import group_advantages
 
 close = partial(helpers.close, atol=5e-5)  # the 4 decimals the expectations are written with
+close_5e7 = partial(helpers.close, atol=5e-7)  # GAE's and whitening's: 6 decimals
+D = torch.float64
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=D)
 
 
 # --- the issue's example -------------------------------------------------------------------------------------------
@@ -182,3 +191,140 @@ def test_new_estimators_reject_bad_input_by_name():
         reinforce_pp_advantages(torch.ones(2), eps=-1.0)
     with pytest.raises(TypeError):  # settings are keyword-only
         rloo_advantages(torch.ones(4), 2)
+
+
+# ------------------------------------------------------------------------------------------------------ GAE
+# The issue's example: rewards [0, 0, 1], values [0.5, 0.6, 0.7], gamma 1, lam 0.95, value after the end 0.
+# deltas: d2 = 1 + 0 - 0.7 = 0.3; d1 = 0 + 0.7 - 0.6 = 0.1; d0 = 0 + 0.6 - 0.5 = 0.1
+# A2 = 0.3; A1 = 0.1 + 0.95 * 0.3 = 0.385; A0 = 0.1 + 0.95 * 0.385 = 0.46575
+# returns = A + V = [0.96575, 0.985, 1.0]
+ADV = [0.46575, 0.385, 0.3]
+RET = [0.96575, 0.985, 1.0]
+
+
+# paper-index: advantages.gae
+def test_gae_issue_example_full_mask():
+    a, r = advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=1.0, lam=0.95)
+    close_5e7(a, [ADV])
+    close_5e7(r, [RET])
+
+
+def test_gae_padded_row_matches_on_prefix_and_never_reads_padding():
+    # garbage rewards and values in the padded positions must not leak into the valid prefix
+    rewards_ = t([0, 0, 1, 5.0, -7.0], [0, 0, 1, 0, 0])
+    values = t([0.5, 0.6, 0.7, 123.0, -99.0], [0.5, 0.6, 0.7, 0.8, 0.9])
+    mask = t([1, 1, 1, 0, 0], [1, 1, 1, 1, 1])
+    a, r = advantages.gae(rewards_, values, mask, gamma=1.0, lam=0.95)
+    close_5e7(a[0], ADV + [0.0, 0.0])
+    close_5e7(r[0], RET + [0.0, 0.0])
+    # the full row is a different episode: it ends two tokens later, so its numbers differ
+    assert not torch.allclose(a[1, :3], a[0, :3])
+
+
+def test_gae_refuses_a_mask_that_is_not_a_prefix():
+    # mask [1, 0, 1] has no single end: the loop used to give A = [0, 0, 1] silently (the first token saw next
+    # value 0 and next advantage 0 from the hole, the last one r - V = 1 - 0). Now an error naming the mask.
+    with pytest.raises(ValueError, match=r"mask must be a prefix of ones.*row 1 is \[1\.0, 0\.0, 1\.0\]"):
+        advantages.gae(t([0, 0, 1], [0, 0, 1]), t([0, 0, 0], [0, 0, 0]), t([1, 1, 1], [1, 0, 1]))
+    with pytest.raises(ValueError, match="mask must be a prefix"):
+        advantages.gae(t([0, 0, 1]), t([0, 0, 0]), torch.tensor([[False, True, True]]))
+    # prefixes of any length pass, the empty one included: [1, 1, 0] and [0, 0, 0]
+    a, _ = advantages.gae(t([0, 1, 9], [9, 9, 9]), t([0, 0, 9], [9, 9, 9]), t([1, 1, 0], [0, 0, 0]))
+    close_5e7(a, [[0.95, 1.0, 0.0], [0.0, 0.0, 0.0]])  # A_1 = 1 - 0; A_0 = 0 + 0 - 0 + 0.95 * 1 = 0.95
+
+
+def test_gae_padding_as_bool_mask_and_fully_masked_row():
+    a, r = advantages.gae(t([1, 1, 1]), t([3, 3, 3]), torch.tensor([[False, False, False]]))
+    close_5e7(a, [[0.0, 0.0, 0.0]])
+    close_5e7(r, [[0.0, 0.0, 0.0]])
+
+
+def test_gae_lambda_one_is_monte_carlo_return_minus_value():
+    # lam = 1: the deltas telescope, A_t = G_t - V_t with G_t = sum_k gamma^k r_{t+k}.
+    # gamma 1: G = [1, 1, 1] -> A = [0.5, 0.4, 0.3], returns = G = [1, 1, 1]
+    a, r = advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=1.0, lam=1.0)
+    close_5e7(a, [[0.5, 0.4, 0.3]])
+    close_5e7(r, [[1.0, 1.0, 1.0]])
+    # gamma 0.9: G = [0.81, 0.9, 1] -> A = [0.31, 0.3, 0.3]
+    a, r = advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=0.9, lam=1.0)
+    close_5e7(a, [[0.31, 0.3, 0.3]])
+    close_5e7(r, [[0.81, 0.9, 1.0]])
+
+
+def test_gae_lambda_zero_is_one_step_td():
+    # lam = 0: A_t = delta_t = r_t + gamma V_{t+1} - V_t = [0.1, 0.1, 0.3]; returns = r_t + gamma V_{t+1}
+    a, r = advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=1.0, lam=0.0)
+    close_5e7(a, [[0.1, 0.1, 0.3]])
+    close_5e7(r, [[0.6, 0.7, 1.0]])
+
+
+def test_gae_with_discount():
+    # gamma 0.9, lam 0.95 (gamma * lam = 0.855):
+    # d2 = 1 - 0.7 = 0.3; d1 = 0.9 * 0.7 - 0.6 = 0.03; d0 = 0.9 * 0.6 - 0.5 = 0.04
+    # A2 = 0.3; A1 = 0.03 + 0.855 * 0.3 = 0.2865; A0 = 0.04 + 0.855 * 0.2865 = 0.2849575
+    a, _ = advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=0.9, lam=0.95)
+    close_5e7(a, [[0.2849575, 0.2865, 0.3]])
+
+
+def test_gae_does_not_backpropagate_into_the_critic():
+    values = t([0.5, 0.6, 0.7]).requires_grad_(True)
+    a, r = advantages.gae(t([0, 0, 1]), values, t([1, 1, 1]))
+    assert not a.requires_grad and not r.requires_grad  # the critic learns from value_loss only
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(0, 4), st.floats(0, 1), st.floats(0, 1), st.integers(0, 10_000))
+def test_gae_padding_never_changes_the_valid_prefix(n_valid, n_pad, gamma, lam, seed):
+    g = torch.Generator().manual_seed(seed)
+    r, v = torch.randn(1, n_valid, generator=g, dtype=D), torch.randn(1, n_valid, generator=g, dtype=D)
+    a_short, ret_short = advantages.gae(r, v, torch.ones_like(r), gamma=gamma, lam=lam)
+    junk = 100 * torch.randn(1, n_pad, generator=g, dtype=D)
+    mask = torch.cat([torch.ones_like(r), torch.zeros_like(junk)], 1)
+    a_long, ret_long = advantages.gae(torch.cat([r, junk], 1), torch.cat([v, -junk], 1), mask, gamma=gamma, lam=lam)
+    close_5e7(a_long[:, :n_valid], a_short, atol=1e-10)
+    close_5e7(ret_long[:, :n_valid], ret_short, atol=1e-10)
+    assert (a_long[:, n_valid:] == 0).all() and (ret_long[:, n_valid:] == 0).all()
+
+
+def test_gae_bad_inputs_raise_naming_the_argument():
+    with pytest.raises(ValueError, match="values"):
+        advantages.gae(t([0, 0, 1]), t([0.5, 0.6]), t([1, 1, 1]))
+    with pytest.raises(ValueError, match="mask"):
+        advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1]))
+    with pytest.raises(ValueError, match="rewards"):
+        advantages.gae(torch.zeros(3), torch.zeros(3), torch.ones(3))
+    with pytest.raises(ValueError, match="gamma"):
+        advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), gamma=1.5)
+    with pytest.raises(ValueError, match="lam"):
+        advantages.gae(t([0, 0, 1]), t([0.5, 0.6, 0.7]), t([1, 1, 1]), lam=-0.1)
+
+
+# ------------------------------------------------------------------------------------------------------ whiten
+# paper-index: advantages.whiten
+def test_whiten_hand_example_ignores_padding():
+    # valid x = [1, 3, 5]: mean 3, unbiased var (4 + 0 + 4) / 2 = 4, std 2 -> [-1, 0, 1]; padding -> 0
+    x, mask = t([1, 3, 50.0], [5, -80.0, 9.0]), t([1, 1, 0], [1, 0, 0])
+    close_5e7(advantages.whiten(x, mask), [[-1, 0, 0], [1, 0, 0]], atol=1e-6)
+    # shift_mean=False keeps the mean: [-1, 0, 1] + 3 = [2, 3, 4]
+    close_5e7(advantages.whiten(x, mask, shift_mean=False), [[2, 3, 0], [4, 0, 0]], atol=1e-6)
+
+
+def test_whiten_random_moments_over_valid_entries():
+    g = torch.Generator().manual_seed(0)
+    x = 3 + 2 * torch.randn(6, 10, generator=g, dtype=D)
+    mask = (torch.arange(10) < torch.tensor([10, 7, 3, 1, 9, 5]).unsqueeze(1)).to(D)
+    valid = mask > 0
+    w = advantages.whiten(x, mask)
+    assert abs(float(w[valid].mean())) < 1e-9 and abs(float(w[valid].var()) - 1) < 1e-6
+    assert (w[~valid] == 0).all()
+    w = advantages.whiten(x, mask, shift_mean=False)
+    assert abs(float(w[valid].mean() - x[valid].mean())) < 1e-9 and abs(float(w[valid].var()) - 1) < 1e-6
+
+
+def test_whiten_degenerate_masks():
+    x = t([4.0, 2.0])
+    close_5e7(advantages.whiten(x, t([0, 0])), [[0.0, 0.0]])  # nothing valid
+    close_5e7(advantages.whiten(x, t([1, 0])), [[0.0, 0.0]])  # one entry: centred, no variance to divide by
+    close_5e7(advantages.whiten(x, t([1, 0]), shift_mean=False), [[4.0, 0.0]])
+    with pytest.raises(ValueError, match="mask"):
+        advantages.whiten(x, t([1, 1, 1]))

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl import checks, kl, kl_toy
+from minirl import advantages, checks, kl, kl_toy
 
 D = torch.float64
 
@@ -392,3 +392,20 @@ def test_sampled_bandit_is_seeded_and_lands_near_the_optimum():
     assert torch.equal(a, b)
     mean_tail = a[-100:].mean(0)  # average out the step-to-step noise
     assert (mean_tail - torch.tensor(REVERSE_OPT, dtype=D)).abs().max() < 0.03, mean_tail
+
+
+# paper-index: kl.kl_in_reward
+def test_kl_in_reward_shapes_every_token_with_detached_k1():
+    # k1 = logprobs - ref = [-1 + 1.5, -2 + 1, -0.5 + 0.5] = [0.5, -1, 0]; beta 0.1
+    # shaped = [0, 0, 1] - 0.1 * [0.5, -1, 0] = [-0.05, 0.1, 1.0]
+    logprobs = t([-1.0, -2.0, -0.5]).requires_grad_(True)
+    shaped = kl.kl_in_reward(t([0, 0, 1.0]), logprobs, t([-1.5, -1.0, -0.5]), beta=0.1, estimator="k1")
+    close(shaped, [[-0.05, 0.1, 1.0]])
+    assert not shaped.requires_grad  # a reward: reaches the policy only through the advantages
+    # through GAE (gamma 1, lam 1, critic 0) each token's advantage is its reward-to-go: later penalties only
+    a, _ = advantages.gae(shaped, torch.zeros_like(shaped), torch.ones_like(shaped), gamma=1.0, lam=1.0)
+    close(a, [[1.05, 1.1, 1.0]])
+    with pytest.raises(ValueError, match="beta"):
+        kl.kl_in_reward(t([0, 0, 1.0]), logprobs, t([-1.5, -1.0, -0.5]), beta=-0.1)
+    with pytest.raises(ValueError, match="logprobs"):
+        kl.kl_in_reward(t([0, 0, 1.0]), t([-1.0, -2.0]), t([-1.5, -1.0]), beta=0.1)

@@ -470,3 +470,58 @@ def test_eps_high_defaults_to_eps_low_and_bad_eps_raise():
     assert st["clip_frac_high"] == 1.0  # 1.25 > 1 + 0.2
     with pytest.raises(ValueError, match="eps_low"):
         losses.policy_loss(logp, old, torch.ones(1, dtype=D), torch.ones(1, 1, dtype=D), eps_low=1.0)
+
+
+# ------------------------------------------------------------------------------------------------------ value loss
+# paper-index: losses.value_loss
+def test_value_loss_clipped_branch_is_larger_and_has_zero_gradient():
+    # V_old 0.5, V 1.0 (moved +0.5), R 0.9, clip 0.2: unclipped (1.0 - 0.9)^2 = 0.01;
+    # V_clip = 0.5 + 0.2 = 0.7, clipped (0.7 - 0.9)^2 = 0.04 > 0.01 -> loss 0.5 * 0.04 = 0.02.
+    # V_clip does not depend on V once the clip is active: the gradient is 0.
+    v = t_rows([1.0]).requires_grad_(True)
+    loss, stats = losses.value_loss(v, t_rows([0.5]), t_rows([0.9]), t_rows([1.0]), clip=0.2)
+    close(loss, 0.02)
+    close(torch.autograd.grad(loss, v)[0], [[0.0]])
+    assert stats["value_clip_frac"] == 1.0
+
+
+def test_value_loss_unclipped_branch_is_larger_and_keeps_its_gradient():
+    # V_old 0.5, V 0.0 (moved -0.5), R 1.0: unclipped (0 - 1)^2 = 1; V_clip = 0.3, clipped 0.49 < 1
+    # -> loss 0.5 * 1 = 0.5, gradient d/dV 0.5 (V - R)^2 = V - R = -1.
+    v = t_rows([0.0]).requires_grad_(True)
+    loss, stats = losses.value_loss(v, t_rows([0.5]), t_rows([1.0]), t_rows([1.0]), clip=0.2)
+    close(loss, 0.5)
+    close(torch.autograd.grad(loss, v)[0], [[-1.0]])
+    assert stats["value_clip_frac"] == 0.0
+
+
+def test_value_loss_token_mean_over_valid_tokens_and_no_clip():
+    # tokens: the two cases above, plus a padded token with garbage: (0.02 + 0.5) / 2 = 0.26;
+    # gradient [0, -1, 0] / 2 = [0, -0.5, 0]
+    v = t_rows([1.0, 0.0, 42.0]).requires_grad_(True)
+    old, ret, mask = t_rows([0.5, 0.5, 0.0]), t_rows([0.9, 1.0, -42.0]), t_rows([1, 1, 0])
+    loss, stats = losses.value_loss(v, old, ret, mask, clip=0.2)
+    close(loss, 0.26)
+    close(torch.autograd.grad(loss, v)[0], [[0.0, -0.5, 0.0]])
+    assert stats["value_clip_frac"] == 0.5
+    # clip=None: plain 0.5 (V - R)^2 averaged: (0.5 * 0.01 + 0.5 * 1) / 2 = 0.2525; gradient (V - R) / 2
+    loss, _ = losses.value_loss(v, old, ret, mask, clip=None)
+    close(loss, 0.2525)
+    close(torch.autograd.grad(loss, v)[0], [[0.05, -0.5, 0.0]])
+
+
+def test_value_loss_gradient_matches_finite_differences_of_the_objective():
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(3, 4, generator=g, dtype=D).requires_grad_(True)
+    old, ret = torch.randn(3, 4, generator=g, dtype=D), torch.randn(3, 4, generator=g, dtype=D)
+    mask = t_rows([1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0])
+    torch.autograd.gradcheck(lambda x: losses.value_loss(x, old, ret, mask, clip=0.3)[0], (v,))
+
+
+def test_value_loss_bad_inputs():
+    with pytest.raises(ValueError, match="old_values"):
+        losses.value_loss(t_rows([1.0, 2.0]), t_rows([1.0]), t_rows([1.0, 2.0]), t_rows([1, 1]))
+    with pytest.raises(ValueError, match="returns"):
+        losses.value_loss(t_rows([1.0]), t_rows([1.0]), t_rows([1.0, 2.0]), t_rows([1]))
+    with pytest.raises(ValueError, match="clip"):
+        losses.value_loss(t_rows([1.0]), t_rows([1.0]), t_rows([1.0]), t_rows([1]), clip=0.0)

@@ -34,6 +34,7 @@ from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
 close = partial(helpers.close, atol=1e-7, dtype=D)
+close_5e7 = partial(helpers.close, atol=5e-7)
 
 
 # ------------------------------------------------------------------------------------------------ TRL's doc examples
@@ -346,3 +347,20 @@ def test_overlong_penalty_bounds_and_errors():
         rewards.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=0)
     with pytest.raises(ValueError, match="lengths"):
         rewards.overlong_penalty(torch.tensor([[3]]), max_len=4, cache_len=2)
+
+
+# -------------------------------------------------------------------------------------------- token-level rewards (PPO)
+def test_token_level_rewards_refuses_a_mask_that_is_not_a_prefix():
+    # [1, 0, 1] sums to 2, so the score would land on position 1, a masked token
+    with pytest.raises(ValueError, match=r"mask must be a prefix of ones.*row 0"):
+        rewards.token_level_rewards(torch.tensor([1.0]), torch.tensor([[1, 0, 1]]))
+
+
+def test_token_level_rewards_put_the_score_on_the_last_valid_token():
+    scores = torch.tensor([1.0, 0.5, 2.0])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    close_5e7(rewards.token_level_rewards(scores, mask).double(), [[0, 0, 1.0], [0.5, 0, 0], [0, 0, 0]])
+    with pytest.raises(ValueError, match="scores"):
+        rewards.token_level_rewards(torch.tensor([1.0, 0.5]), mask)
+    with pytest.raises(ValueError, match="mask"):
+        rewards.token_level_rewards(scores, torch.ones(3))
