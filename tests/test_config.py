@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from minirl import advantages, config
+from minirl.config import make_config
 
 D = torch.float64
 
@@ -48,3 +49,20 @@ def test_config_rejects_bad_dapo_settings():
         config.make_config("dapo", max_new_tokens=16, overlong_cache_len=20)
     with pytest.raises(ValueError, match="max_gen_batches"):
         config.make_config("dapo", max_gen_batches=0)
+
+
+# --- CISPO, SAPO and GMPO's switches ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, match", [
+    (dict(loss_mode="spo"), "loss_mode"), (dict(cispo_form="x"), "cispo_form"), (dict(tau_neg=0.0), "tau_neg"),
+    (dict(loss_mode="sapo", level="sequence"), "level='token'"), (dict(loss_mode="gmpo", agg="token-mean"), "gmpo"),
+])
+def test_config_validates_the_switches(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        make_config("grpo", **overrides)
+
+
+def test_presets_carry_the_papers_values():
+    c, s, g = make_config("cispo"), make_config("sapo"), make_config("gmpo")
+    assert (c.loss_mode, c.cispo_form, 1 + c.eps_high, c.agg) == ("cispo", "one-sided", 5.0, "token-mean")
+    assert (s.loss_mode, s.tau_pos, s.tau_neg, s.agg) == ("sapo", 1.0, 1.05, "seq-mean-token-mean")
+    assert (g.loss_mode, g.eps_low, g.eps_high, g.agg) == ("gmpo", 0.4, 0.4, "seq-mean-token-mean")
