@@ -7,7 +7,7 @@ import helpers
 import pytest
 import torch
 
-from minirl import advantages, config
+from minirl import advantages, config, models, rl, tasks
 from minirl.config import make_config
 
 D = torch.float64
@@ -66,3 +66,21 @@ def test_presets_carry_the_papers_values():
     assert (c.loss_mode, c.cispo_form, 1 + c.eps_high, c.agg) == ("cispo", "one-sided", 5.0, "token-mean")
     assert (s.loss_mode, s.tau_pos, s.tau_neg, s.agg) == ("sapo", 1.0, 1.05, "seq-mean-token-mean")
     assert (g.loss_mode, g.eps_low, g.eps_high, g.agg) == ("gmpo", 0.4, 0.4, "seq-mean-token-mean")
+
+
+def test_presets_carry_the_paper_clip_ranges():
+    for name, level in (("gspo", "sequence"), ("gspo_token", "sequence-token")):
+        cfg = config.make_config(name)
+        assert (cfg.level, cfg.eps_low, cfg.eps_high, cfg.agg) == (level, 3e-4, 4e-4, "seq-mean-token-mean")
+
+
+def test_router_aux_loss_coef_is_validated_and_off_by_default(tok):
+    assert config.make_config("grpo").router_aux_loss_coef == 0.0
+    for bad in (-0.01, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="router_aux_loss_coef"):
+            config.make_config("grpo", router_aux_loss_coef=bad)
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
+                             router_aux_loss_coef=0.01, progress=False)
+    with pytest.raises(ValueError, match="TopKRouter"):  # a dense model has no router to balance
+        rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
+                    tasks.load_split("train"))

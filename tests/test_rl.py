@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import advantages, config, evaluation, history, losses, models, rl, rollout, tasks, warm_start
+from minirl import advantages, config, evaluation, history, losses, models, moe, rl, rollout, tasks, warm_start
 from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -692,3 +692,48 @@ def test_ppo_value_loss_is_the_same_under_gradient_accumulation(warm):
     whole = _ppo(warm, steps=1)
     split = _ppo(warm, steps=1, micro_batch_size=1)
     assert math.isclose(whole.last("value_loss"), split.last("value_loss"), rel_tol=1e-3)
+
+
+def test_trainer_routing_replay_is_exactly_on_policy_at_the_first_update(tok):
+    # one rollout, one epoch, one minibatch (in micro-batches of 3 rows): the only update is on-policy, so every
+    # ratio is 1 to float precision when replay restores the behaviour forward's experts
+    model = models.tiny_moe(tok, seed=1)
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=10,
+                              num_iterations=1, num_minibatches=1, micro_batch_size=3, beta=0.0,
+                              routing_replay=True, progress=False)
+    h = rl.train_rl(model, tok, cfg, tasks.load_split("train"))
+    assert abs(h.last("ratio_min") - 1) < 1e-5 and abs(h.last("ratio_max") - 1) < 1e-5
+    with pytest.raises(ValueError, match="MoE"):
+        rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
+                         tasks.load_split("train"))
+
+
+@pytest.mark.parametrize("micro", [None, 4])
+def test_update_adds_exactly_coef_times_the_aux_loss(tok, moe_rollout, micro):
+    # the same update with and without the switch: the objective differs by coef x the mean over equal micro-batches
+    # of their load-balancing losses, and the router weights get a different gradient
+    model0, r = moe_rollout
+    adv = torch.tensor([1.0, -1.0] * 4)
+    mb = rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
+                    completion_mask=r.completion_mask, loss_mask=r.completion_mask, old_logprobs=r.logprobs,
+                    advantages=adv)
+    out, grads = {}, {}
+    for coef in (0.0, 0.5):
+        model = models.tiny_moe(tok, seed=0)
+        model.load_state_dict(model0.state_dict())
+        cfg = config.make_config("grpo", beta=0.0, router_aux_loss_coef=coef, micro_batch_size=micro, progress=False)
+        out[coef] = rl.update_minibatch(model, torch.optim.SGD(model.parameters(), lr=0.0), mb, cfg, beta=0.0)
+        grads[coef] = moe.routers(model)[0].weight.grad.clone()
+    with torch.no_grad(), moe.capture_router_logits(model0) as logits:
+        model0(input_ids=r.input_ids, attention_mask=r.attention_mask)
+    if micro is None:
+        expected = moe.load_balancing_loss(logits, r.attention_mask, top_k=2)
+    else:  # 8 rows in micro-batches of 4: the mean of the two halves' losses
+        layers = len(logits)
+        halves = [moe.load_balancing_loss([x.view(8, -1, x.shape[-1])[rows].reshape(-1, x.shape[-1])
+                                           for x in logits[:layers]], r.attention_mask[rows], top_k=2)
+                  for rows in (slice(0, 4), slice(4, 8))]
+        expected = sum(halves) / 2
+    assert abs(out[0.5]["loss"] - out[0.0]["loss"] - 0.5 * float(expected)) < 1e-6
+    assert abs(out[0.5]["aux_loss"] - float(expected)) < 1e-6 and "aux_loss" not in out[0.0]
+    assert float((grads[0.5] - grads[0.0]).abs().max()) > 1e-6
