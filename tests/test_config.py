@@ -7,8 +7,8 @@ import helpers
 import pytest
 import torch
 
-from minirl import advantages, config, models, rl, tasks
-from minirl.config import make_config
+from minirl import advantages, config, interop, models, rl, tasks
+from minirl.config import RLConfig, make_config
 
 D = torch.float64
 
@@ -84,3 +84,18 @@ def test_router_aux_loss_coef_is_validated_and_off_by_default(tok):
     with pytest.raises(ValueError, match="TopKRouter"):  # a dense model has no router to balance
         rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
                     tasks.load_split("train"))
+
+
+# --- the sampler corrections' settings (minirl.importance) ------------------------------------------------------------
+def test_config_defaults_change_nothing_and_validate():
+    cfg = RLConfig()
+    assert (cfg.pi_old, cfg.is_correction, cfg.is_seq_form, cfg.is_cap_low) == ("recomputed", "none", "product", None)
+    kw = interop.trl_kwargs(make_config("grpo"))
+    assert kw["vllm_importance_sampling_correction"] is False and "vllm_importance_sampling_mode" not in kw
+    assert not any("rollout_correction" in o for o in interop.verl_overrides(make_config("grpo")))
+    for bad, match in [(dict(is_correction="tis"), "is_correction"), (dict(pi_old="sampler"), "pi_old"),
+                       (dict(is_seq_form="mean"), "is_seq_form"), (dict(is_cap=0.0), "is_cap must"),
+                       (dict(is_cap=2.0, is_cap_low=2.5), "is_cap_low"), (dict(is_cap_low=-1.0), "is_cap_low"),
+                       (dict(pi_old="naive", is_correction="token_tis"), "exactly 1")]:
+        with pytest.raises(ValueError, match=match):
+            make_config("grpo", **bad)

@@ -9,12 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minirl import config, kl, losses
+from minirl import config, importance, kl, losses
 from minirl.losses import aggregate, policy_loss
 
 D = torch.float64
 MODES = losses.AGGREGATIONS
 close_5e9 = partial(helpers.close, atol=5e-9, dtype=D)
+F64 = dict(dtype=torch.float64)
 
 
 def t(rows):
@@ -978,3 +979,99 @@ def test_approx_kl_is_the_k3_estimate_of_kl_old_to_new():
     # (the reversed r = e^-0.5 would give 0.106531)
     _, stats = policy_loss(torch.tensor([[-0.5]]), torch.tensor([[-1.0]]), torch.ones(1), torch.ones(1, 1))
     assert abs(stats["approx_kl"] - 0.148721) < 1e-6
+
+
+# --- policy_loss(is_weights=...): a sampler correction's weights in each loss (the weights: test_importance.py) -------
+def test_policy_loss_is_weights_checks_its_input():
+    logprobs, mask = torch.zeros(2, 3, **F64), torch.ones(2, 3, **F64)
+    adv = torch.tensor([1.0, -1.0], **F64)
+    with pytest.raises(ValueError, match="is_weights must have shape"):
+        losses.policy_loss(logprobs, logprobs, adv, mask, is_weights=torch.ones(3, **F64))
+    with pytest.raises(ValueError, match="only \\(B,\\) at level='sequence'"):
+        losses.policy_loss(logprobs, logprobs, adv, mask, level="sequence", agg="seq-mean-token-mean",
+                           is_weights=torch.ones(2, 3, **F64))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        losses.policy_loss(logprobs, logprobs, adv, mask, is_weights=torch.tensor([1.0, -0.5], **F64))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        losses.policy_loss(logprobs, logprobs, adv, mask, is_weights=torch.tensor([1.0, math.nan], **F64))
+
+
+# ------------------------------------------------------------------------------------------------ into the loss
+def _random_batch(seed=0, B=6, T=5):
+    g = torch.Generator().manual_seed(seed)
+    old = torch.randn(B, T, generator=g, **F64) - 1.5
+    logprobs = (old + 0.4 * torch.randn(B, T, generator=g, **F64)).requires_grad_(True)  # ratios leave the band
+    mask = torch.ones(B, T, **F64)
+    mask[0, 3:], mask[2, 1:] = 0, 0
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], **F64)
+    w_tok = torch.rand(B, T, generator=g, **F64) * 2.5
+    w_tok[1, 2] = 0.0  # a masked token (MIS)
+    w_seq = torch.tensor([0.3, 2.0, 0.0, 1.0, 1.7, 0.9], **F64)
+    return logprobs, old, adv, mask, w_tok, w_seq
+
+
+def _per_token_terms(logprobs, old, adv, mode, eps_low=0.2, eps_high=0.2):
+    """Each loss's per-token term, written out from its equation (losses.py), for (B,) advantages."""
+    a = adv.unsqueeze(1)
+    r = torch.exp(logprobs - old)
+    if mode == "clip":
+        return torch.maximum(-a * r, -a * r.clamp(1 - eps_low, 1 + eps_high))
+    if mode == "cispo":
+        return -r.clamp(1 - eps_low, 1 + eps_high).detach() * a * logprobs
+    tau = torch.where(a > 0, 1.0, 1.05)  # sapo
+    return -torch.sigmoid(tau * (r - 1)) * 4 / tau * a
+
+
+@pytest.mark.parametrize("mode, agg", [("clip", "token-mean"), ("clip", "seq-mean-token-mean"),
+                                       ("clip", "seq-mean-token-sum-norm"), ("cispo", "token-mean"),
+                                       ("sapo", "seq-mean-token-mean")])
+@pytest.mark.parametrize("weights", ["token", "sequence"])
+def test_policy_loss_is_weights_multiplies_each_term_before_aggregation(mode, agg, weights):
+    """policy_loss(is_weights=w) == aggregate(w * per-token term): value and gradient (float64, 1e-12), for token
+    and sequence weights, with ratios outside the band (clipped terms) and a weight-0 token."""
+    logprobs, old, adv, mask, w_tok, w_seq = _random_batch()
+    w = w_tok if weights == "token" else w_seq
+    loss, _ = losses.policy_loss(logprobs, old, adv, mask, loss_mode=mode, agg=agg, is_weights=w)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    expected = losses.aggregate(importance.apply_weights(_per_token_terms(logprobs, old, adv, mode), w, mask), mask,
+                                agg)
+    (expected_grad,) = torch.autograd.grad(expected, logprobs)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
+    unweighted, _ = losses.policy_loss(logprobs, old, adv, mask, loss_mode=mode, agg=agg)
+    assert abs(float(loss.detach() - unweighted.detach())) > 1e-3  # the weights did something
+
+
+def test_policy_loss_is_weights_at_the_sequence_level_gspo_and_gmpo():
+    """One term per sequence: GSPO's mean_i w_i max(-A_i s_i, -A_i clip(s_i)) and GMPO's mean_i w_i (-A_i g_i);
+    rows without a token are left out (row 2 has one token here)."""
+    logprobs, old, adv, mask, _, w_seq = _random_batch()
+    n = mask.sum(-1)
+    mean_lr = ((logprobs - old) * mask).sum(-1) / n  # (B,)
+    s = torch.exp(mean_lr)
+    gspo = torch.maximum(-adv * s, -adv * s.clamp(1 - 3e-4, 1 + 4e-4))
+    loss, _ = losses.policy_loss(logprobs, old, adv, mask, level="sequence", eps_low=3e-4, eps_high=4e-4,
+                                 agg="seq-mean-token-mean", is_weights=w_seq)
+    torch.testing.assert_close(loss, (w_seq * gspo).mean(), rtol=0, atol=1e-12)
+    lr = logprobs - old  # GMPO, log-space clip 0.4 / 0.4 on the pessimistic side
+    c = lr.clamp(-0.4, 0.4)
+    m = torch.where(adv.unsqueeze(1) > 0, torch.minimum(lr, c), torch.maximum(lr, c))
+    gmpo = -adv * torch.exp((m * mask).sum(-1) / n)
+    loss, _ = losses.policy_loss(logprobs, old, adv, mask, loss_mode="gmpo", eps_low=0.4, eps_high=0.4,
+                                 agg="seq-mean-token-mean", is_weights=w_seq)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    (expected_grad,) = torch.autograd.grad((w_seq * gmpo).mean(), logprobs)
+    torch.testing.assert_close(loss, (w_seq * gmpo).mean(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(level="sequence", agg="seq-mean-token-mean"),
+                                dict(level="sequence-token"), dict(loss_mode="cispo"), dict(loss_mode="sapo"),
+                                dict(loss_mode="gmpo", agg="seq-mean-token-mean"), dict(dual_clip=3.0)])
+def test_policy_loss_unit_weights_change_nothing(kw):
+    logprobs, old, adv, mask, _, _ = _random_batch(seed=1)
+    plain, _ = losses.policy_loss(logprobs, old, adv, mask, **kw)
+    ones, _ = losses.policy_loss(logprobs, old, adv, mask, is_weights=torch.ones(6, **F64), **kw)
+    assert torch.equal(plain, ones)
+    half, _ = losses.policy_loss(logprobs, old, adv, mask, is_weights=torch.full((6,), 0.5, **F64), **kw)
+    torch.testing.assert_close(half, 0.5 * plain, rtol=1e-12, atol=0)
