@@ -409,3 +409,40 @@ def test_kl_in_reward_shapes_every_token_with_detached_k1():
         kl.kl_in_reward(t([0, 0, 1.0]), logprobs, t([-1.5, -1.0, -0.5]), beta=-0.1)
     with pytest.raises(ValueError, match="logprobs"):
         kl.kl_in_reward(t([0, 0, 1.0]), t([-1.0, -2.0]), t([-1.5, -1.0]), beta=0.1)
+
+
+# --- exact_token_kl: the full-vocabulary KL at one position --------------------------------------------------------
+# paper-index: kl.exact_token_kl
+def test_exact_token_kl_hand_example():
+    # pi = [1/2, 1/2], ref = [1/4, 3/4]: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.346574 - 0.202733 = 0.143841
+    logits = torch.tensor([0.5, 0.5]).log().view(1, 1, 2)
+    ref = torch.tensor([0.25, 0.75]).log().view(1, 1, 2)
+    torch.testing.assert_close(kl.exact_token_kl(logits, ref), torch.tensor([[0.143841]]), atol=1e-6, rtol=0)
+
+
+def test_exact_token_kl_temperature_scales_both_models():
+    # at temperature 2 the logits [ln 1, ln 3] become [0, ln 3 / 2]: ref = [1, sqrt 3] / (1 + sqrt 3)
+    logits = torch.zeros(1, 1, 2)
+    ref = torch.tensor([1.0, 3.0]).log().view(1, 1, 2)
+    q = torch.tensor([1.0, math.sqrt(3.0)]) / (1 + math.sqrt(3.0))
+    expected = (0.5 * (0.5 / q).log()).sum()
+    torch.testing.assert_close(kl.exact_token_kl(logits, ref, temperature=2.0), expected.view(1, 1), atol=1e-6,
+                               rtol=0)
+
+
+def test_exact_token_kl_is_zero_for_equal_and_finite_for_a_vanishing_token():
+    logits = torch.randn(2, 3, 5)
+    assert kl.exact_token_kl(logits, logits.clone()).abs().max() < 1e-6
+    # pi puts (numerically) no mass on token 0: that term is 0, not NaN
+    extreme = torch.tensor([[[-1e4, 0.0, 0.0]]])
+    out = kl.exact_token_kl(extreme, torch.zeros(1, 1, 3))
+    torch.testing.assert_close(out, torch.tensor([[math.log(1.5)]]), atol=1e-6, rtol=0)  # pi = [0, .5, .5]
+
+
+@pytest.mark.parametrize("bad", [dict(ref_logits=torch.zeros(2, 3, 4)), dict(temperature=0.0)])
+def test_exact_token_kl_rejects_bad_input(bad):
+    args = dict(logits=torch.zeros(2, 3, 5), ref_logits=torch.zeros(2, 3, 5), temperature=1.0) | bad
+    with pytest.raises(ValueError, match="ref_logits|temperature"):
+        kl.exact_token_kl(**args)
+    with pytest.raises(ValueError, match=r"\(B, T, V\)"):
+        kl.exact_token_kl(torch.zeros(2, 5), torch.zeros(2, 5))
