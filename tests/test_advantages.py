@@ -1,6 +1,5 @@
 """Tests of minirl.advantages.group_advantages: hand-worked values, equal-reward groups, bad input."""
 
-
 import itertools
 from functools import partial
 
