@@ -1,6 +1,7 @@
 """Tests of minirl.advantages.group_advantages: hand-worked values, equal-reward groups, bad input."""
 
 import itertools
+import math
 from functools import partial
 
 import helpers
@@ -390,3 +391,31 @@ def test_group_advantages_to_go_masks_padding_and_keeps_the_penalty_of_equal_gro
 def test_group_advantages_to_go_rejects_bad_scores_shape():
     with pytest.raises(ValueError, match="scores"):
         advantages.group_advantages_to_go(torch.zeros(3), torch.zeros(2, 4), torch.ones(2, 4), 2)
+
+
+def ev(values, returns, mask=None):
+    values, returns = torch.tensor([values], dtype=D), torch.tensor([returns], dtype=D)
+    return advantages.explained_variance(values, returns, torch.ones_like(values) if mask is None
+                                         else torch.tensor([mask], dtype=D))
+
+
+# --- explained_variance by hand -------------------------------------------------------------------------------------
+def test_explained_variance_by_hand():
+    # 1 - Var(R - V) / Var(R), unbiased variances over the valid tokens
+    # returns [1, 0, 1, 0], values 0.5: R - V = [0.5, -0.5, 0.5, -0.5], same variance as R (1/3) -> 1 - 1 = 0.0
+    assert ev([0.5] * 4, [1.0, 0.0, 1.0, 0.0]) == pytest.approx(0.0, abs=1e-12)
+    # values = returns: Var(0) = 0 -> 1 - 0 = 1.0
+    assert ev([1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 1.0, 0.0]) == 1.0
+    # returns [1, 2, 3, 4], values [1, 2, 3, 3]: R - V = [0, 0, 0, 1], mean 0.25,
+    # Var = (3 * 0.0625 + 0.5625) / 3 = 0.25; Var(R) = (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3 -> 1 - 0.15 = 0.85
+    assert ev([1.0, 2.0, 3.0, 3.0], [1.0, 2.0, 3.0, 4.0]) == pytest.approx(0.85, abs=1e-12)
+    # the padding is not read: the 4th token is masked, so R = [1, 2, 3], V = [1, 2, 3] -> 1.0
+    assert ev([1.0, 2.0, 3.0, 99.0], [1.0, 2.0, 3.0, -7.0], mask=[1, 1, 1, 0]) == 1.0
+
+
+def test_explained_variance_is_nan_when_undefined():
+    # returns constant [2, 2, 2, 2]: Var(R) = 0, the ratio is 0 / 0 -> NaN (honest), whatever the values
+    assert math.isnan(ev([2.0] * 4, [2.0] * 4))
+    assert math.isnan(ev([0.0, 1.0, 2.0, 3.0], [2.0] * 4))
+    # fewer than 2 valid tokens: no variance can be estimated -> NaN
+    assert math.isnan(ev([1.0, 2.0], [3.0, 4.0], mask=[1, 0]))

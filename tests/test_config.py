@@ -99,3 +99,52 @@ def test_config_defaults_change_nothing_and_validate():
                        (dict(pi_old="naive", is_correction="token_tis"), "exactly 1")]:
         with pytest.raises(ValueError, match=match):
             make_config("grpo", **bad)
+
+
+# --- make_config / RLConfig -----------------------------------------------------------------------------------------
+def test_presets_carry_the_papers_switches():
+    grpo, dr = config.make_config("grpo"), config.make_config("dr_grpo")
+    assert (grpo.adv_scale, grpo.agg, grpo.kl_estimator, grpo.kl_placement) == (
+        "group", "seq-mean-token-mean", "k3", "loss")
+    assert grpo.beta > 0 and grpo.eps_low == grpo.eps_high == 0.2
+    # Dr. GRPO is both halves: no std division AND the constant normaliser, and no KL
+    assert (dr.adv_scale, dr.agg, dr.beta) == ("none", "seq-mean-token-sum-norm", 0.0)
+    for name in config.ALGORITHMS:
+        cfg = config.make_config(name)
+        assert cfg.algo == name
+        cfg.validate()
+
+
+def test_overrides_win_over_the_preset():
+    cfg = config.make_config("grpo", beta=0.0, lr=1e-5, agg="token-mean")
+    assert (cfg.beta, cfg.lr, cfg.agg, cfg.adv_scale) == (0.0, 1e-5, "token-mean", "group")
+
+
+def test_unknown_algorithm_is_named():
+    with pytest.raises(ValueError, match=r"algorithm 'foo'.*grpo"):
+        config.make_config("foo")
+
+
+def test_unknown_field_is_named():
+    with pytest.raises(ValueError, match="unknown RLConfig field.*'learning_rate'"):
+        config.make_config("grpo", learning_rate=1e-4)
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (dict(agg="mean"), "agg"),
+    (dict(adv_scale="std"), "adv_scale"),
+    (dict(level="seq"), "level"),
+    (dict(kl_estimator="k4"), "kl_estimator"),
+    (dict(kl_placement="both"), "kl_placement"),
+    (dict(steps=0), "steps"),
+    (dict(group_size=1), "group_size"),
+    (dict(prompts_per_step=6, num_minibatches=4), "num_minibatches"),
+    (dict(temperature=0.0), "temperature"),
+    (dict(level="sequence", agg="token-mean"), "agg"),
+])
+def test_invalid_settings_name_the_field(overrides, named):
+    with pytest.raises(ValueError, match=named):
+        config.make_config("grpo", **overrides)
+    cfg = config.RLConfig(**overrides)  # a hand-built config is caught by validate()
+    with pytest.raises(ValueError, match=named):
+        cfg.validate()

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from minirl import evaluation, kl, models, rollout
+from minirl import evaluation, kl, models, rollout, tasks
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
@@ -144,3 +145,49 @@ def test_fresh_sample_kl_scores_the_same_samples_when_given_answers(tiny_pair):
     with pytest.raises(ValueError, match="answers"):
         evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=4, max_new_tokens=4,
                                    answers=["3"])
+
+
+# --- held-out evaluation: evaluate, show_completions ------------------------------------------------------------------
+def test_evaluate_is_repeatable_and_leaves_the_rng_alone(tok):
+    model = tiny_model(tok)
+    data = tasks.load_split("test").select(range(6))
+    state = torch.get_rng_state()
+    a = evaluation.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    assert torch.equal(torch.get_rng_state(), state)  # evaluating does not change the course of training
+    b = evaluation.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    assert a == b
+    assert a["n"] == 12 and set(a) >= {"accuracy", "format_rate", "mean_length", "truncated_rate", "n"}
+    assert 0 <= a["accuracy"] <= a["format_rate"] <= 1 and 1 <= a["mean_length"] <= 8
+    g = evaluation.evaluate(model, tok, data, max_new_tokens=8, greedy=True, samples_per_prompt=5)
+    assert g["n"] == 6  # greedy takes one completion per prompt
+
+
+def test_evaluate_standard_error_over_prompts_by_hand(tok):
+    """A reward that depends only on the prompt: prompt 0 always right, prompt 1 always wrong, 2 samples each.
+    Over completions the scores are [1, 1, 0, 0]: std (n - 1) = sqrt(1/3) = 0.57735, SE = 0.57735 / 2 = 0.28868.
+    Over prompts the means are [1, 0]: std = sqrt(1/2) = 0.70711, SE = 0.70711 / sqrt(2) = 0.5, the honest one,
+    because a prompt's two completions carry one prompt's worth of information."""
+    data = tasks.load_split("test").select(range(2))
+    first = data["prompt"][0]
+
+    def by_prompt(prompts, completions, **kw):
+        return [1.0 if p == first else 0.0 for p in prompts]
+
+    out = evaluation.evaluate(tiny_model(tok), tok, data, max_new_tokens=4, samples_per_prompt=2, reward_fn=by_prompt)
+    assert out["accuracy"] == 0.5
+    assert out["accuracy_stderr"] == pytest.approx(3 ** -0.5 / 2, abs=1e-6)
+    assert out["accuracy_stderr_prompts"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_show_completions_gives_each_model_the_same_prompts_and_scores_them(tok, capsys):
+    rows = tasks.load_split("test").select(range(2))
+    a, b = tiny_model(tok, seed=0), tiny_model(tok, seed=1)
+    out = evaluation.show_completions({"a": a, "b": b}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
+    assert [r["model"] for r in out] == ["a"] * 4 + ["b"] * 4
+    assert [r["prompt"] for r in out[:4]] == [rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2
+    answer = {row["prompt"]: row["answer"] for row in rows}
+    for r in out:  # the reward is the task's score of the completion shown
+        assert r["reward"] == float(tasks.score(r["completion"], answer[r["prompt"]]).correct)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 8
+    again = evaluation.show_completions({"a": a}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
+    assert [r["completion"] for r in again] == [r["completion"] for r in out[:4]]  # seeded: repeatable
