@@ -419,3 +419,44 @@ def test_explained_variance_is_nan_when_undefined():
     assert math.isnan(ev([0.0, 1.0, 2.0, 3.0], [2.0] * 4))
     # fewer than 2 valid tokens: no variance can be estimated -> NaN
     assert math.isnan(ev([1.0, 2.0], [3.0, 4.0], mask=[1, 0]))
+
+
+# --- unscored rows (every reward function returned None): NaN rewards, advantage 0, TRL's numbers ---------------------
+def test_unscored_rows_in_group_advantages_by_hand():
+    """[1, 0, NaN, 0]: mean 1/3 over the 3 scored rows, centred [2/3, -1/3, -, -1/3], unbiased std
+    sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3) = 0.57735; the unscored row gets 0."""
+    r = torch.tensor([1.0, 0.0, math.nan, 0.0])
+    a = group_advantages(r, 4, scale="group")
+    s = 3 ** -0.5 + 1e-4
+    torch.testing.assert_close(a, torch.tensor([2 / 3 / s, -1 / 3 / s, 0.0, -1 / 3 / s]))
+    # scale "none": centred only; a group with one scored row (no baseline) and one with none: all 0
+    torch.testing.assert_close(group_advantages(r, 4, scale="none"), torch.tensor([2 / 3, -1 / 3, 0.0, -1 / 3]))
+    assert group_advantages(torch.tensor([1.0, math.nan, math.nan, math.nan, math.nan] * 1 + [math.nan] * 3),
+                            4, scale="group").tolist() == [0.0] * 8
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_unscored_rows_match_trls_advantage_formula(scale):
+    """TRL 1.16 (multi_objective_aggregation="sum_then_normalize"): nanmean per group, trl's nanstd (per group or
+    of the batch), (r - mean) / (std + 1e-4), then nan_to_num(0). Same numbers on random rewards with NaN rows,
+    groups with one or no scored row included (TRL: std NaN -> advantage 0; minirl: no baseline -> 0)."""
+    pytest.importorskip("trl")
+    from trl.trainer.utils import nanstd
+
+    g = torch.Generator().manual_seed(0)
+    G = 4
+    r = torch.randn(40, generator=g)
+    r[torch.rand(40, generator=g) < 0.3] = math.nan
+    r[8:11] = math.nan  # a group with one scored row
+    r[12:16] = math.nan  # a group with none
+    grouped = r.view(-1, G)
+    mean = torch.nanmean(grouped, dim=1).repeat_interleave(G)
+    std = (nanstd(grouped, dim=1).repeat_interleave(G) if scale != "batch" else nanstd(r).expand_as(r))
+    trl_adv = r - mean if scale == "none" else (r - mean) / (std + 1e-4)
+    trl_adv = torch.nan_to_num(trl_adv, nan=0.0)
+    torch.testing.assert_close(group_advantages(r, G, scale=scale), trl_adv, atol=1e-6, rtol=1e-6)
+
+
+def test_inf_reward_tensor_is_rejected_by_group_advantages():
+    with pytest.raises(ValueError, match="rewards must be finite"):
+        group_advantages(torch.tensor([1.0, math.inf]), 2)

@@ -148,3 +148,24 @@ def test_invalid_settings_name_the_field(overrides, named):
     cfg = config.RLConfig(**overrides)  # a hand-built config is caught by validate()
     with pytest.raises(ValueError, match=named):
         cfg.validate()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(advantage="rloo"), "adv_scale='group' applies to advantage='group' only"),  # RLConfig's default scale
+    (dict(advantage="reinforce_pp_baseline", adv_scale="batch"), "set adv_scale='none'"),
+    (dict(advantage="rloo", adv_scale="none", group_size=1), "needs group_size >= 2"),
+    (dict(advantage="rloo", adv_scale="none", beta=0.1, kl_placement="reward"), "kl_placement='reward'"),
+    (dict(advantage="reinforce_plus_plus"), "unknown advantage"),
+])
+def test_new_advantage_switches_are_validated(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config.RLConfig(**overrides).validate()
+
+
+def test_reinforce_pp_needs_no_groups_and_the_presets_are_valid():
+    config.RLConfig(advantage="reinforce_pp", adv_scale="none", group_size=1).validate()  # k >= 1 in the paper
+    for algo, advantage in [("rloo", "rloo"), ("reinforce_pp", "reinforce_pp"),
+                            ("reinforce_pp_baseline", "reinforce_pp_baseline")]:
+        c = config.make_config(algo)
+        assert (c.advantage, c.adv_scale, c.beta) == (advantage, "none", 0.0)
+    assert (config.make_config("rloo").agg, config.make_config("rloo").num_minibatches) == ("seq-mean-token-sum", 1)

@@ -1069,3 +1069,55 @@ def test_policy_loss_unit_weights_change_nothing(kw):
     assert torch.equal(plain, ones)
     half, _ = losses.policy_loss(logprobs, old, adv, mask, is_weights=torch.full((6,), 0.5, **F64), **kw)
     torch.testing.assert_close(half, 0.5 * plain, rtol=1e-12, atol=0)
+
+
+# --- the three policy-loss functions behind policy_loss ---------------------------------------------------------
+def _inputs():
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -3.0, -3.0]], dtype=torch.float64)
+    log_ratio = torch.tensor([[3e-4, -1e-4, 1e-4], [6e-4, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.float64)
+    return old, old + log_ratio, mask, torch.tensor([1.0, -1.0], dtype=torch.float64)
+
+
+# paper-index: losses.sequence_ratio
+def test_sequence_ratio_is_the_geometric_mean_by_hand():
+    old, new, mask, _ = _inputs()
+    # row 0: mean log-ratio (3e-4 - 1e-4 + 1e-4) / 3 = 1e-4; row 1: 6e-4 (one valid token)
+    torch.testing.assert_close(losses.sequence_ratio(new, old, mask),
+                               torch.tensor([math.exp(1e-4), math.exp(6e-4)], dtype=torch.float64))
+
+
+# paper-index: losses.gspo_loss
+def test_gspo_loss_by_hand_and_through_the_dispatcher():
+    old, new, mask, adv = _inputs()
+    # s = [1.00010001, 1.00060018]; seq 0 inside [1 - 3e-4, 1 + 4e-4]: -1 * s0; seq 1 above, but A < 0 keeps the
+    # unclipped branch: +s1. Mean over 2 sequences: (-1.00010001 + 1.00060018) / 2 = 0.00025009
+    loss, _ = losses.gspo_loss(new, old, adv, mask, eps_low=3e-4, eps_high=4e-4)
+    assert loss.item() == pytest.approx((-math.exp(1e-4) + math.exp(6e-4)) / 2, abs=1e-12)
+    via, _ = losses.policy_loss(new, old, adv, mask, eps_low=3e-4, eps_high=4e-4, level="sequence",
+                                agg="seq-mean-token-mean")
+    assert via.item() == loss.item()
+
+
+# paper-index: losses.gspo_token_loss
+def test_gspo_token_loss_equals_gspo_for_per_sequence_advantages():
+    old, new, mask, adv = _inputs()
+    grads = []
+    for fn in (lambda x: losses.gspo_loss(x, old, adv, mask, eps_low=3e-4, eps_high=4e-4)[0],
+               lambda x: losses.gspo_token_loss(x, old, adv.unsqueeze(1).expand(2, 3), mask, eps_low=3e-4,
+                                                eps_high=4e-4)[0]):
+        x = new.clone().requires_grad_(True)
+        fn(x).backward()
+        grads.append(x.grad)
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=0)
+
+
+# paper-index: losses.token_clip_loss
+def test_token_clip_loss_by_hand():
+    # one token, A = +1: on-policy ratio 1 -> loss -1; log-ratio 0.2 -> ratio 1.2214 clipped at 1.2 -> loss -1.2
+    old = torch.tensor([[-1.0]])
+    for new, expected in ((-1.0, -1.0), (-0.8, -1.2)):
+        loss, _ = losses.token_clip_loss(torch.tensor([[new]]), old, torch.ones(1, 1), torch.ones(1, 1), eps_low=0.2,
+                                         eps_high=0.2,
+                                         agg="token-mean")
+        assert loss.item() == pytest.approx(expected, abs=1e-6)

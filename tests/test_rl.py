@@ -5,6 +5,7 @@ import copy
 import math
 from functools import partial
 
+import datasets
 import helpers
 import pytest
 import torch
@@ -392,3 +393,123 @@ def test_update_adds_exactly_coef_times_the_aux_loss(tok, moe_rollout, micro):
     assert abs(out[0.5]["loss"] - out[0.0]["loss"] - 0.5 * float(expected)) < 1e-6
     assert abs(out[0.5]["aux_loss"] - float(expected)) < 1e-6 and "aux_loss" not in out[0.0]
     assert float((grads[0.5] - grads[0.0]).abs().max()) > 1e-6
+
+
+# paper-index: rl.train_rl
+def test_a_trl_style_reward_function_trains_one_step():
+    # TRL's signature: (prompts, completions, **kwargs) with the dataset's other columns by name
+    seen = {}
+
+    def trl_reward(prompts, completions, **kwargs):
+        seen.update(kwargs)
+        return [c.count("1") / max(len(c), 1) for c in completions]  # varies with what is written
+
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    before = [p.clone() for p in model.parameters()]
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="] * 4, "target": ["3", "7"] * 4})
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=8, lr=1e-3,
+                             progress=False)
+    h = rl.train_rl(model, tok, cfg, data, reward_fn=trl_reward)
+    # the extra column (one value per completion), the token ids, and what of TRL's context minirl passes
+    assert set(seen) == {"target", "completion_ids", "trainer_state", "log_metric"} and len(seen["target"]) == 8
+    assert h.rows[-1]["step"] == 1 and math.isfinite(h.rows[-1]["loss"])
+    moved = any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
+    assert moved  # the step changed the policy
+
+
+def test_train_rl_names_a_missing_prompt_column():
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    with pytest.raises(ValueError, match="'prompt' column"):
+        rl.train_rl(model, tok, config.make_config("grpo", steps=1), datasets.Dataset.from_dict({"text": ["x"]}))
+
+
+# paper-index: rl.compute_advantages
+def test_compute_advantages_takes_the_group_path_or_the_kl_to_go_path():
+    from types import SimpleNamespace
+
+    batch = SimpleNamespace(completion_mask=torch.ones(4, 2))
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("grpo", group_size=2),
+                                                 beta=0.04)
+    # group 0: [1, 0] - 0.5 = [0.5, -0.5], unbiased std 0.7071 + 1e-4; group 1 all equal: exactly 0
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0, 0]) / torch.tensor([0.70721, 0.70721, 1, 1]))
+    assert returns is None and values is None
+    # KL in the reward (beta 0.5): penalties-to-go, centred by the group mean of the first token's (no std)
+    cfg = config.make_config("grpo", group_size=2, kl_placement="reward", kl_estimator="k1", beta=0.5)
+    kl_tokens = torch.tensor([[0.2, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    adv, _, _ = rl.compute_advantages(scores, kl_tokens, batch, cfg, beta=0.5)
+    # row 0: C = [0.1, 0], group mean of C_0 = 0.05: A = 0.70700 - [0.05, -0.05]; row 1: -0.70700 + 0.05
+    a = 0.5 / 0.70721
+    torch.testing.assert_close(adv[:2], torch.tensor([[a - 0.05, a + 0.05], [-a + 0.05, -a + 0.05]]), atol=1e-5,
+                               rtol=0)
+
+
+def test_compute_advantages_takes_the_rloo_and_reinforce_pp_paths():
+    from types import SimpleNamespace
+
+    batch = SimpleNamespace(completion_mask=torch.ones(4, 2))
+    scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    adv, returns, values = rl.compute_advantages(scores, None, batch, config.make_config("rloo", group_size=2),
+                                                 beta=0.0)
+    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0]))  # 1 - 0 and 0 - 1; the equal group 0
+    assert returns is None and values is None
+    adv, _, _ = rl.compute_advantages(scores, None, batch, config.make_config("reinforce_pp", group_size=2), beta=0.0)
+    # batch mean 0.75, std sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5 (+ 1e-4): [0.25, -0.75, 0.25, 0.25] / 0.5001
+    torch.testing.assert_close(adv, torch.tensor([0.25, -0.75, 0.25, 0.25]) / 0.5001)
+    cfg = config.make_config("reinforce_pp_baseline", group_size=2)
+    adv, _, _ = rl.compute_advantages(scores, None, batch, cfg, beta=0.0)
+    # c = [0.5, -0.5, 0, 0], std_B(c) = sqrt(0.5 / 3) = 0.40825 (+ 1e-4)
+    torch.testing.assert_close(adv, torch.tensor([0.5, -0.5, 0.0, 0.0]) / ((0.5 / 3) ** 0.5 + 1e-4))
+
+
+# --- TRL's reward contract in the loop: unscored rows (test_rewards.py) -----------------------------------------------
+def test_train_rl_passes_the_contract_and_trains_around_unscored_rows():
+    """One GRPO step: the reward function gets completion_ids (the ids up to EOS, matching the texts), the
+    dataset column, trainer_state (global_step 0 of max_steps 1) and log_metric (logged in the History row);
+    it returns None for the prompts of task "skip", which are unscored (warned, advantage 0), and the step is
+    finite and moves the policy."""
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    before = [p.clone() for p in model.parameters()]
+    seen = {}
+
+    def multi_task(prompts, completions, completion_ids, task, trainer_state, log_metric, **_):
+        seen.update(ids=completion_ids, completions=completions, step=trainer_state.global_step,
+                    max_steps=trainer_state.max_steps)
+        log_metric("my_metric", 2.5)
+        return [None if t == "skip" else c.count("1") / max(len(c), 1) for c, t in zip(completions, task, strict=True)]
+
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="], "task": ["count", "skip"]})
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-3,
+                             progress=False, seed=0)
+    with pytest.warns(UserWarning, match="every reward function returned None"):
+        h = rl.train_rl(model, tok, cfg, data, reward_fn=multi_task)
+    assert (seen["step"], seen["max_steps"]) == (0, 1)
+    assert [tok.decode(ids, skip_special_tokens=True) for ids in seen["ids"]] == seen["completions"]
+    row = h.rows[-1]
+    assert row["my_metric"] == 2.5 and row["unscored"] % 4 == 0 and row["unscored"] > 0
+    assert math.isfinite(row["loss"]) and math.isfinite(row["reward"])
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
+
+
+def test_ppo_with_unscored_rows_is_an_error():
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+    data = datasets.Dataset.from_dict({"prompt": ["1+2="]})
+    cfg = config.make_config("ppo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, progress=False)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="PPO's critic needs a reward"):
+        rl.train_rl(model, tok, cfg, data, reward_fn=lambda prompts, completions, **_: [None] * len(prompts))
+
+
+def test_overlong_shaping_scores_an_unscored_row_as_trl_does():
+    """In TRL the overlong penalty is one more reward function, so a row None for the task is not None for
+    every function: its reward is the penalty alone (nansum). max_len 20, cache 4: lengths 18 and 20 ->
+    -0.5 and -1; task scores [1, None] -> [1 - 0.5, 0 - 1] = [0.5, -1.0]."""
+    from types import SimpleNamespace
+
+    cfg = config.make_config("dapo", max_new_tokens=20, overlong_cache_len=4)
+    batch = SimpleNamespace(lengths=torch.tensor([18.0, 20.0]), completion_mask=torch.ones(2, 20))
+    assert rl.shape_rewards(torch.tensor([1.0, math.nan]), batch, cfg).tolist() == [0.5, -1.0]

@@ -1,9 +1,12 @@
 """Tests of minirl.sampling: DAPO's dynamic sampling (has_signal, dynamic_sampling), by hand."""
 
+import math
+
 import pytest
 import torch
 
 from minirl import sampling
+from minirl.advantages import group_advantages
 
 D = torch.float64
 
@@ -77,3 +80,14 @@ def test_dynamic_sampling_bad_arguments():
         sampling.dynamic_sampling(scripted(ROUNDS, []), num_groups=0, group_size=4, max_gen_batches=2)
     with pytest.raises(ValueError):
         sampling.dynamic_sampling(scripted(ROUNDS, []), num_groups=1, group_size=4, max_gen_batches=0)
+
+
+# --- unscored rows (NaN rewards) in has_signal ------------------------------------------------------------------------
+def test_unscored_rows_and_has_signal():
+    nan = math.nan
+    r = torch.tensor([1, 0, 1, 1, 1, 1, 1, nan, 0, 1, nan, nan, nan, nan, nan])
+    # differ | all equal | two scored rows that differ | one scored row | none scored
+    assert sampling.has_signal(r, 3).tolist() == [True, False, True, False, False]
+    # consistent with the advantages: a group has signal exactly when one of its advantages is non-zero
+    nonzero = group_advantages(r, 3).view(-1, 3).ne(0).any(1)
+    assert torch.equal(sampling.has_signal(r, 3), nonzero)

@@ -171,3 +171,9 @@ def test_save_and_reload_round_trips_ids(tok, tmp_path):
     assert (again.pad_token_id, again.eos_token_id, again.bos_token_id) == (0, 1, 2)
     assert again.padding_side == "left"
     assert again.decode(again(texts[0]).input_ids, skip_special_tokens=True) == texts[0]
+
+
+# paper-index: tasks.running_sums_reward
+def test_running_sums_reward_is_the_task_score():
+    assert tasks.running_sums_reward(["1+2=", "1+2=", "1+2="], ["1+2=3#3", "1+2=3#4", "3"],
+                                     answer=["3", "3", "3"]) == [1.0, 0.0, 0.0]
