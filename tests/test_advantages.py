@@ -1,4 +1,5 @@
-"""Tests of minirl.advantages.group_advantages: hand-worked values, equal-reward groups, bad input."""
+"""Tests of minirl.advantages: group-relative advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++) with hand-worked values,
+equal-reward groups, unscored rows and bad input; GAE and whitening; the KL penalty to go; explained variance."""
 
 import itertools
 import math

@@ -1,4 +1,6 @@
-"""Tests of minirl.losses: aggregation modes and the token-level clipped policy loss, by hand."""
+"""Tests of minirl.losses, by hand: the aggregation modes, the token-level clipped loss (PPO, GRPO, DAPO's
+clip-higher), GSPO and GSPO-token, CISPO, SAPO and GMPO, a sampler correction's weights in each loss, and the value
+loss."""
 
 import math
 from functools import partial

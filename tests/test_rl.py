@@ -1,5 +1,6 @@
-"""Tests of the loop's parts: config (presets, validation), History, the SFT batch, evaluation, rl (RLBatch,
-update_minibatch, gradient accumulation, reward functions in TRL's form, determinism) and the command line."""
+"""Tests of minirl.rl, the RL loop: compute_advantages' paths, update_minibatch (gradient accumulation, the router's
+aux loss), dynamic sampling and routing replay in the trainer, the adaptive KL controller, reward functions in TRL's
+form and unscored rows, determinism, and short runs of PPO and of every foundation preset."""
 
 import copy
 import math

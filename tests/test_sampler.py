@@ -1,4 +1,5 @@
-"""Tests of minirl.sampler (a sampler that is not the trainer) and Rollout Routing Replay (R3)."""
+"""Tests of minirl.sampler (a sampler that is not the trainer) and Rollout Routing Replay (R3) from its routes, in the
+loop too. (Its settings' validation: test_config.py.)"""
 
 import pytest
 import torch

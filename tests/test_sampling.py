@@ -1,4 +1,4 @@
-"""Tests of minirl.sampling: DAPO's dynamic sampling (has_signal, dynamic_sampling), by hand."""
+"""Tests of minirl.sampling: DAPO's dynamic sampling (has_signal, dynamic_sampling), by hand, and unscored rows."""
 
 import math
 
