@@ -44,6 +44,7 @@ def run_helper(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(HELPER), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_scripts_parse():
     for script in (CHECK, WHEELS_SH):
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
@@ -69,6 +70,7 @@ def test_the_wheel_list_covers_what_datasets_nbval_and_ipykernel_need():
     assert not NOT_SHIPPED & set(pins)
 
 
+@pytest.mark.slow
 def test_the_wheels_and_the_tree_fit_what_a_device_run_carries():
     """A device run sends the tracked tree and the carried .gpu-wheels/, 64 MiB in all; gpu_wheels.sh refuses
     wheels over MAX_MIB, so the tree must leave that much room."""
@@ -119,6 +121,7 @@ def fake_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] 
     return path
 
 
+@pytest.mark.slow
 def test_the_plan_installs_only_what_is_missing(tmp_path):
     pytest_version = importlib.metadata.version("pytest")
     a = fake_wheel(tmp_path, "minirl-fake-a", "1.0", ("pytest>=1", "minirl-fake-b", "unshipped-x; extra == 'x'"))
@@ -130,6 +133,7 @@ def test_the_plan_installs_only_what_is_missing(tmp_path):
     assert f"pytest {pytest_version}" in result.stderr and "2 of 3 wheels to install" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_plan_replaces_a_version_a_shipped_package_rules_out_but_never_torchs_stack(tmp_path):
     a = fake_wheel(tmp_path, "minirl-fake-a", "1.0", ("pytest>=999", "torch>=999"))
     shipped_pytest = fake_wheel(tmp_path, "pytest", "999.0")
@@ -140,6 +144,7 @@ def test_the_plan_replaces_a_version_a_shipped_package_rules_out_but_never_torch
     assert "replacing pytest" in result.stderr and "replacing torch" not in result.stderr
 
 
+@pytest.mark.slow
 def test_verify_names_what_is_missing_and_refuses_two_versions(tmp_path):
     fake_wheel(tmp_path, "minirl-fake-a", "1.0")
     result = run_helper("verify", str(tmp_path))
@@ -149,6 +154,7 @@ def test_verify_names_what_is_missing_and_refuses_two_versions(tmp_path):
     assert result.returncode != 0 and "two wheels of minirl-fake-a" in result.stderr
 
 
+@pytest.mark.slow
 def test_verify_passes_on_this_environment_for_a_package_it_has(tmp_path):
     """pytest as the one shipped wheel: installed here with all its requirements, so nothing is missing."""
     fake_wheel(tmp_path, "pytest", importlib.metadata.version("pytest"))
@@ -179,6 +185,7 @@ def write_results(work: Path, nb02_status: str) -> None:
     (work / "nb05.log").write_text("....\n========== 22 passed, 1 warning in 39.12s ==========\n")
 
 
+@pytest.mark.slow
 def test_the_summary_prints_the_figures_and_passes_when_every_part_did(tmp_path):
     write_results(tmp_path, "ok")
     result = run_helper("summary", str(tmp_path))
@@ -191,6 +198,7 @@ def test_the_summary_prints_the_figures_and_passes_when_every_part_did(tmp_path)
     assert "all parts" in out and "256.7" in out  # 9.5 + 6 + 20 + 50 + 61.2 + 70 + 40
 
 
+@pytest.mark.slow
 def test_the_summary_fails_when_a_part_ran_out_of_time(tmp_path):
     write_results(tmp_path, "TIMEOUT")
     result = run_helper("summary", str(tmp_path))

@@ -641,6 +641,7 @@ def test_verl_grpo_overrides_by_hand():
         interop.to_verl(make_config("gspo", routing_replay=True))
 
 
+@pytest.mark.slow
 def test_minirl_does_not_import_interop_or_trl():
     import subprocess
     import sys

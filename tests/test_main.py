@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- command line ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cli_help(capsys):
     # the real entry point, in a fresh interpreter (imports torch and transformers: a few seconds)
     top = subprocess.run([sys.executable, "-m", "minirl", "--help"], cwd=ROOT, capture_output=True, text=True,
@@ -41,6 +42,7 @@ def test_cli_unknown_algorithm(capsys):
     assert "--algo" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_train_writes_its_summary_and_quotes_the_shared_warm_start_evaluation(tok, monkeypatch, tmp_path, capsys):
     """`python -m minirl train` end to end on a tiny model (the warm start replaced, so nothing is trained for
     minutes): one RL step, the three files written, and the warm start's shared evaluation in the summary and the

@@ -51,6 +51,7 @@ def test_no_module_is_longer_than_about_600_lines_and_the_loop_fits_two_screens(
 
 
 # --- README ---------------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_readme_custom_task_example_runs_as_written():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- example: your-own-task -->\s*```python\n(.*?)```", text, re.S)
@@ -109,6 +110,7 @@ def test_the_paper_index_splits_every_cited_equation():
     assert papers == sorted(papers), "rows are sorted by paper"
 
 
+@pytest.mark.slow
 def test_every_logged_metric_is_in_the_readme_glossary():
     """Short real runs that together log every key minirl writes into a History (PPO with its critic; SAPO on a MoE
     with the load-balancing loss, a mismatched sampler with TIS and both sweep probes; DPO, IPO and KTO), each key

@@ -23,6 +23,7 @@ def test_bandit_first_step_matches_hand_gradient():
                                                                                    dtype=torch.float64), 0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("beta", [0.1, 0.5, 1.0])
 def test_bandit_dpo_drives_the_never_winning_action_to_zero_for_any_beta(beta):
     traj = ipo_bandit("dpo", beta=beta, steps=2000, lr=0.5)
@@ -32,6 +33,7 @@ def test_bandit_dpo_drives_the_never_winning_action_to_zero_for_any_beta(beta):
 
 
 # paper-index: preference_toy.ipo_bandit
+@pytest.mark.slow
 @pytest.mark.parametrize("tau", [0.1, 0.5, 1.0])
 def test_bandit_ipo_converges_to_its_regularised_optimum(tau):
     # optimum: theta_0 - theta_1 = theta_1 - theta_2 = 1/(3 tau) (minimise (u-c)^2 + (v-c)^2 + (u+v-c)^2, c = 1/(2tau))
@@ -44,6 +46,7 @@ def test_bandit_ipo_converges_to_its_regularised_optimum(tau):
         assert traj[-1, 2].item() == pytest.approx(0.230237, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_bandit_ipo_with_a_tie_regularises_the_tied_pair_to_the_reference():
     # 0 and 1 tie (P = 0.5), both always beat 2. The tied pair's IPO terms 0.5 (x - c)^2 + 0.5 (-x - c)^2 are
     # smallest at x = 0; the other two fix theta_0 - theta_2 = theta_1 - theta_2 = c. tau = 1, c = 0.5:

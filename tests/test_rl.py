@@ -103,6 +103,7 @@ def test_naive_accumulation_would_differ(tok):
 
 
 # --- determinism of the whole loop ----------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_same_seed_same_history(tok):
     # a tiny model, briefly fine-tuned so its completions vary in length; overlong shaping turns the lengths into
     # rewards that differ inside a group, so the advantages are not all 0 and the updates are real
@@ -127,6 +128,7 @@ def test_same_seed_same_history(tok):
     assert not all(torch.equal(p, q) for p, q in zip(base.parameters(), finals[0].parameters(), strict=True))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["rloo", "reinforce_pp", "reinforce_pp_baseline"])
 def test_the_foundation_presets_train_end_to_end(tok, algo):
     # overlong shaping makes the rewards differ inside a group (by length), so every estimator has signal
@@ -143,6 +145,7 @@ def test_the_foundation_presets_train_end_to_end(tok, algo):
 
 
 # --- the gpu profile, checked on CPU ------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "moe"])
 def test_gpu_profile_models_build_and_take_an_rl_step_on_cpu(tok, kind):
     # No GPU in CI: this checks that the gpu profile's sizes make valid models (heads divide the width, 16 experts
@@ -182,6 +185,7 @@ def _fake_data(n=16):
                                        "completion": ["#0"] * len(prompts)})
 
 
+@pytest.mark.slow
 def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkeypatch):
     model, tok = tiny
     G = 4
@@ -227,6 +231,7 @@ def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkey
     close(row["useful_groups"], 3 / 6)  # 3 of the 6 generated groups had signal (one dropped as surplus)
 
 
+@pytest.mark.slow
 def test_trainer_dynamic_sampling_raises_when_rounds_run_out(tiny, monkeypatch):
     model, tok = tiny
     cfg = config.make_config("dapo", steps=1, prompts_per_step=2, group_size=4, max_gen_batches=2,
@@ -323,6 +328,7 @@ def _ppo(warm, **kw):
                        reward_fn=ones_share)
 
 
+@pytest.mark.slow
 def test_ppo_smoke_run_logs_critic_and_kl_metrics(warm):
     h = _ppo(warm)
     assert len(h.rows) == 2
@@ -332,6 +338,7 @@ def test_ppo_smoke_run_logs_critic_and_kl_metrics(warm):
     assert h.series("beta")[1] == [0.05, 0.05]  # fixed beta
 
 
+@pytest.mark.slow
 def test_ppo_adaptive_kl_moves_beta(warm):
     h = _ppo(warm, steps=3, adaptive_kl=True, target_kl=1e-6, kl_horizon=100)
     # step 1 samples from the reference itself: KL exactly 0, error -1 clipped to -0.2, 8 samples / horizon 100
@@ -344,6 +351,7 @@ def test_ppo_adaptive_kl_moves_beta(warm):
     assert math.isclose(betas[2], 0.05 * 0.984 * 1.016, rel_tol=1e-9)
 
 
+@pytest.mark.slow
 def test_ppo_value_loss_is_the_same_under_gradient_accumulation(warm):
     # micro-batches share the minibatch's token count as denominator, so their losses add up to the full one
     whole = _ppo(warm, steps=1)
@@ -351,6 +359,7 @@ def test_ppo_value_loss_is_the_same_under_gradient_accumulation(warm):
     assert math.isclose(whole.last("value_loss"), split.last("value_loss"), rel_tol=1e-3)
 
 
+@pytest.mark.slow
 def test_trainer_routing_replay_is_exactly_on_policy_at_the_first_update(tok):
     # one rollout, one epoch, one minibatch (in micro-batches of 3 rows): the only update is on-policy, so every
     # ratio is 1 to float precision when replay restores the behaviour forward's experts
@@ -397,6 +406,7 @@ def test_update_adds_exactly_coef_times_the_aux_loss(tok, moe_rollout, micro):
 
 
 # paper-index: rl.train_rl
+@pytest.mark.slow
 def test_a_trl_style_reward_function_trains_one_step():
     # TRL's signature: (prompts, completions, **kwargs) with the dataset's other columns by name
     seen = {}
@@ -466,6 +476,7 @@ def test_compute_advantages_takes_the_rloo_and_reinforce_pp_paths():
 
 
 # --- TRL's reward contract in the loop: unscored rows (test_rewards.py) -----------------------------------------------
+@pytest.mark.slow
 def test_train_rl_passes_the_contract_and_trains_around_unscored_rows():
     """One GRPO step: the reward function gets completion_ids (the ids up to EOS, matching the texts), the
     dataset column, trainer_state (global_step 0 of max_steps 1) and log_metric (logged in the History row);

@@ -129,6 +129,7 @@ def test_record_routing_along_the_sequence_checks_rows(tok):
             model(input_ids=ids.repeat(2, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(sampler_dtype="bfloat16"),
     dict(sampler_dtype="bfloat16", pi_old="naive"),

@@ -45,6 +45,7 @@ def test_the_warm_start_validation_rows_are_held_out_of_sft():
     assert len(sft_rows) + len(validation) <= len(train) and len(sft_rows) > 0.8 * len(train)
 
 
+@pytest.mark.slow
 def test_sft_stops_when_asked(tok):
     model = tiny_model(tok)
     calls = []
@@ -53,6 +54,7 @@ def test_sft_stops_when_asked(tok):
     assert len(curve) == 3 and calls == [1, 2, 3]  # stop(n) after each step; True ends the run there
 
 
+@pytest.mark.slow
 def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, monkeypatch, tmp_path, capsys):
     """The stopping rule with scripted accuracies (target 0.35, screen margin 0.15): the full check runs only when
     the screen reaches 0.20, and the run stops at the first full check >= 0.35, not at a screen above it."""
@@ -85,6 +87,7 @@ def test_warm_start_stops_at_the_first_full_check_that_reaches_the_target(tok, m
     assert info["kept_step"] == 25
 
 
+@pytest.mark.slow
 def test_warm_start_keeps_the_check_closer_to_the_target(tok, monkeypatch):
     """A jump past the target (0.30 -> 0.46 at target 0.35): the weights of the check below, 0.05 away, are kept
     instead of those 0.11 above; they are the weights the model had at that check."""
@@ -134,6 +137,7 @@ def _scripted_warm_start(tok, monkeypatch, tmp_path, builds):
     return dataclasses.replace(PROFILES["cpu"], sft_batch_size=4, sft_steps=100)
 
 
+@pytest.mark.slow
 def test_the_warm_start_carries_one_shared_heldout_evaluation(tok, monkeypatch, tmp_path):
     """Trained once, then loaded: both return the same ``heldout`` record (every test prompt, 16 samples at T = 1,
     and greedy) and ``describe_heldout`` quotes it; a checkpoint cached before the record existed gets it on load."""
@@ -154,6 +158,7 @@ def test_the_warm_start_carries_one_shared_heldout_evaluation(tok, monkeypatch, 
     assert json.loads(info_file.read_text())["heldout"] == trained["heldout"]
 
 
+@pytest.mark.slow
 def test_two_processes_asking_for_the_same_warm_start_train_it_once(tok, monkeypatch, tmp_path):
     """Notebooks may run in parallel (CI's second configuration uses pytest -n 2): the cache is locked, so a
     second caller waits for the first one's checkpoint instead of training it again or reading half a file."""
