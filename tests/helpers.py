@@ -34,3 +34,17 @@ def nan_history():
     h.log(step=3, reward=0.75, explained_variance=-0.2, grad_norm=2.0)
     h.log(step=4, reward=1.0, explained_variance=float("nan"), grad_norm=float("inf"))
     return h
+
+
+# --- the KL tests' categorical (test_kl.py, test_kl_toy.py): pi = softmax([1, 0, -1]) against a uniform reference
+# pi = (e, 1, 1/e) / (e + 1 + 1/e) = (2.718282, 1, 0.367879) / 4.086161 = (0.665241, 0.244728, 0.090031); ref = 1/3.
+# l = log pi - log ref = log pi + log 3 = (0.691006, -0.308994, -1.308994).
+# KL(pi||ref) = sum pi l = 0.459686 - 0.075619 - 0.117850 = 0.266217.
+# grad KL w.r.t. the logits = pi * (l - KL) = (0.665241 * 0.424789, 0.244728 * -0.575211, 0.090031 * -1.575211)
+#             = (0.282587, -0.140770, -0.141817).
+# grad KL(ref||pi) = pi - ref = (0.331908, -0.088605, -0.243303).
+# E[k2] = 0.5 * sum pi l^2 = 0.5 * (0.317646 + 0.023366 + 0.154265) = 0.247638.
+THETA = torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64)
+REF = torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64)
+TRUE_GRAD = [0.282587, -0.140770, -0.141817]
+FORWARD_GRAD = [0.331908, -0.088605, -0.243303]

@@ -7,6 +7,7 @@ from functools import partial
 import helpers
 import pytest
 import torch
+from helpers import FORWARD_GRAD, REF, THETA, TRUE_GRAD
 
 from minirl import advantages, checks, kl, kl_toy
 
@@ -18,11 +19,6 @@ def t(*xs):
 
 
 close = partial(helpers.close, atol=5e-7)  # the 6 decimals the expectations are written with
-# the categorical pi = softmax([1, 0, -1]) against a uniform reference, and the exact gradients of its
-# reverse and forward KL (worked out in test_kl_toy.py)
-THETA, REF = t(1.0, 0.0, -1.0), t(0.0, 0.0, 0.0)
-TRUE_GRAD = [0.282587, -0.140770, -0.141817]
-FORWARD_GRAD = [0.331908, -0.088605, -0.243303]
 
 
 # --- single tokens ----------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from functools import partial
 import helpers
 import pytest
 import torch
+from helpers import FORWARD_GRAD, REF, THETA, TRUE_GRAD
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,19 +22,8 @@ def t(*xs):
 close = partial(helpers.close, atol=5e-7)  # the 6 decimals the expectations are written with
 
 
-# --- the categorical of the issue: pi = softmax([1, 0, -1]) against a uniform reference -------------------------
-# pi = (e, 1, 1/e) / (e + 1 + 1/e) = (2.718282, 1, 0.367879) / 4.086161 = (0.665241, 0.244728, 0.090031); ref = 1/3.
-# l = log pi - log ref = log pi + log 3 = (0.691006, -0.308994, -1.308994).
-# KL(pi||ref) = sum pi l = 0.459686 - 0.075619 - 0.117850 = 0.266217.
-# grad KL w.r.t. the logits = pi * (l - KL) = (0.665241 * 0.424789, 0.244728 * -0.575211, 0.090031 * -1.575211)
-#             = (0.282587, -0.140770, -0.141817).
-# grad KL(ref||pi) = pi - ref = (0.331908, -0.088605, -0.243303).
-# E[k2] = 0.5 * sum pi l^2 = 0.5 * (0.317646 + 0.023366 + 0.154265) = 0.247638.
-THETA, REF = t(1.0, 0.0, -1.0), t(0.0, 0.0, 0.0)
-TRUE_GRAD = [0.282587, -0.140770, -0.141817]
-FORWARD_GRAD = [0.331908, -0.088605, -0.243303]
-
-
+# the issue's categorical pi = softmax([1, 0, -1]) against a uniform reference (THETA, REF) and its exact gradients:
+# worked by hand in helpers.py
 # paper-index: kl_toy.true_kl
 def test_true_kl_gradient_of_the_issue_example():
     theta = THETA.clone().requires_grad_(True)
