@@ -1,4 +1,6 @@
-"""Helpers shared by the test modules (imported as ``from helpers import close``; pytest puts tests/ on the path).
+"""Helpers shared by the test modules (imported as ``from helpers import close``; pytest puts tests/ on the path):
+the tolerance check, the loop tests' tiny model, a History with undefined steps, and the KL tests' categorical.
+(Shared fixtures live in conftest.py.)
 
 Each module keeps its own tolerance, bound once: ``close = partial(helpers.close, atol=5e-7)`` for expectations
 written with 6 decimals, a tighter one where the module compares float64 arithmetic."""
