@@ -13,7 +13,7 @@ Where the routes are recorded, and why that is the right place: the ratio's deno
 probability the sampler used during ``generate``'s incremental (KV-cache) decoding; it is recomputed by one
 full-sequence forward (``rollout.token_logprobs``, see rollout.py). Routing Replay must make the training forward
 reproduce exactly that forward, so the routes are recorded there: with unchanged weights, replaying them gives the
-behaviour log-probs back to float round-off (tests/test_gspo_moe.py checks 1e-5). The incremental decoder computes
+behaviour log-probs back to float round-off (tests/test_moe.py checks 1e-5). The incremental decoder computes
 the same causal function of the same tokens, so its hidden states, and hence its expert choices, differ from the
 full forward's only by round-off, which can flip a choice only where two experts' router scores tie to within
 ~1e-6; the tokens were therefore sampled from pi_old up to float noise. (Large systems sample with a separate

@@ -11,7 +11,7 @@ not papers, and README.md's name table (minirl | TRL | verl) holds them. Rows ar
 
 (several functions may share one marker line, separated by spaces), and to the first notebook code cell that uses
 it. ``python tests/paper_index.py`` rewrites the section between the markers in README.md;
-``tests/test_loop_api.py::test_the_readme_paper_index_is_up_to_date`` fails when the README's section is stale, and
+``tests/test_package.py::test_the_readme_paper_index_is_up_to_date`` fails when the README's section is stale, and
 ``test_every_indexed_function_has_a_marked_test_that_calls_it`` when a function has no marked test or a marker names a
 test that never mentions its function.
 """

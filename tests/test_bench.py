@@ -1,8 +1,12 @@
 """Tests of minirl.bench: the timed parts of a step cover it, and the report says what it measured."""
 
+import pytest
+
 from minirl import bench, models, rl, tasks
 from minirl.config import make_config
 from minirl.tokenizer import build_tokenizer
+
+pytestmark = pytest.mark.slow  # times real RL steps (it trains)
 
 PARTS = ("generate", "logprob_forwards", "train_forward", "backward", "optimizer")
 

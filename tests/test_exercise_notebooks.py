@@ -159,6 +159,7 @@ def test_experiment_check_grades_the_runs_not_the_prediction():
         experiments.predict("beta", "beta=1")
 
 
+@pytest.mark.slow
 def test_stored_release_is_current():
     """notebooks/exercises/release/ is what nbgrader generates from the source notebooks now."""
     pytest.importorskip("nbgrader", reason="nbgrader is not installed (pip install -e '.[course]')")
@@ -230,6 +231,7 @@ def _solved_copy(release_nb: dict, source_nb: dict) -> dict:
     return release_nb
 
 
+@pytest.mark.slow
 def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
     """Autograde the STORED release (notebooks/exercises/release/): untouched it scores 0; with the solutions (and one
     experiment exercise done) it scores full marks less the experiments not run."""

@@ -1,4 +1,4 @@
-"""tests/gpu_check.sh, the GPU check, checked here without a GPU and without running it: the scripts parse, the wheel
+""".ci/gpu_check.sh, the GPU check, checked here without a GPU and without running it: the scripts parse, the wheel
 list covers what datasets, nbval and ipykernel need beyond what the GPU image has, the wheels and the tree fit in
 what a device run carries, the budgets add up to what the README says, and the helper's install plan, requirement
 check and summary behave on synthetic wheels and results."""
@@ -20,9 +20,9 @@ from packaging.utils import canonicalize_name
 from minirl import config
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECK = ROOT / "tests" / "gpu_check.sh"
-WHEELS_SH = ROOT / "tests" / "gpu_wheels.sh"
-HELPER = ROOT / "tests" / "gpu_check.py"
+CHECK = ROOT / ".ci" / "gpu_check.sh"
+WHEELS_SH = ROOT / ".ci" / "gpu_wheels.sh"
+HELPER = ROOT / ".ci" / "gpu_check.py"
 ROOTS = ("datasets", "nbval", "ipykernel")  # what the check imports beyond the image
 # in the image (device KINDS.md) and too big to carry: not shipped, not walked into
 NOT_SHIPPED = {"pyarrow", "numpy", "pandas", "huggingface-hub", "torch", "transformers", "tokenizers"}
@@ -30,7 +30,7 @@ NOT_SHIPPED = {"pyarrow", "numpy", "pandas", "huggingface-hub", "torch", "transf
 
 def listed() -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "tests" / "gpu_wheels.txt").read_text().splitlines():
+    for line in (ROOT / ".ci" / "gpu_wheels.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
         if line:
             name, sep, version = line.partition("==")
@@ -44,6 +44,7 @@ def run_helper(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(HELPER), *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_the_scripts_parse():
     for script in (CHECK, WHEELS_SH):
         result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
@@ -64,11 +65,12 @@ def test_the_wheel_list_covers_what_datasets_nbval_and_ipykernel_need():
             if req.marker is None or req.marker.evaluate({"extra": ""}):
                 todo.append(req.name)
     missing = sorted(reached - set(pins))
-    assert not missing, f"needed on the GPU machine but not in tests/gpu_wheels.txt: {missing}"
+    assert not missing, f"needed on the GPU machine but not in .ci/gpu_wheels.txt: {missing}"
     assert {"datasets", "dill", "multiprocess", "nbval", "ipykernel", "jupyter-client", "pyzmq", "tornado"} <= reached
     assert not NOT_SHIPPED & set(pins)
 
 
+@pytest.mark.slow
 def test_the_wheels_and_the_tree_fit_what_a_device_run_carries():
     """A device run sends the tracked tree and the carried .gpu-wheels/, 64 MiB in all; gpu_wheels.sh refuses
     wheels over MAX_MIB, so the tree must leave that much room."""
@@ -119,6 +121,7 @@ def fake_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] 
     return path
 
 
+@pytest.mark.slow
 def test_the_plan_installs_only_what_is_missing(tmp_path):
     pytest_version = importlib.metadata.version("pytest")
     a = fake_wheel(tmp_path, "minirl-fake-a", "1.0", ("pytest>=1", "minirl-fake-b", "unshipped-x; extra == 'x'"))
@@ -130,6 +133,7 @@ def test_the_plan_installs_only_what_is_missing(tmp_path):
     assert f"pytest {pytest_version}" in result.stderr and "2 of 3 wheels to install" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_plan_replaces_a_version_a_shipped_package_rules_out_but_never_torchs_stack(tmp_path):
     a = fake_wheel(tmp_path, "minirl-fake-a", "1.0", ("pytest>=999", "torch>=999"))
     shipped_pytest = fake_wheel(tmp_path, "pytest", "999.0")
@@ -140,6 +144,7 @@ def test_the_plan_replaces_a_version_a_shipped_package_rules_out_but_never_torch
     assert "replacing pytest" in result.stderr and "replacing torch" not in result.stderr
 
 
+@pytest.mark.slow
 def test_verify_names_what_is_missing_and_refuses_two_versions(tmp_path):
     fake_wheel(tmp_path, "minirl-fake-a", "1.0")
     result = run_helper("verify", str(tmp_path))
@@ -149,6 +154,7 @@ def test_verify_names_what_is_missing_and_refuses_two_versions(tmp_path):
     assert result.returncode != 0 and "two wheels of minirl-fake-a" in result.stderr
 
 
+@pytest.mark.slow
 def test_verify_passes_on_this_environment_for_a_package_it_has(tmp_path):
     """pytest as the one shipped wheel: installed here with all its requirements, so nothing is missing."""
     fake_wheel(tmp_path, "pytest", importlib.metadata.version("pytest"))
@@ -179,6 +185,7 @@ def write_results(work: Path, nb02_status: str) -> None:
     (work / "nb05.log").write_text("....\n========== 22 passed, 1 warning in 39.12s ==========\n")
 
 
+@pytest.mark.slow
 def test_the_summary_prints_the_figures_and_passes_when_every_part_did(tmp_path):
     write_results(tmp_path, "ok")
     result = run_helper("summary", str(tmp_path))
@@ -191,6 +198,7 @@ def test_the_summary_prints_the_figures_and_passes_when_every_part_did(tmp_path)
     assert "all parts" in out and "256.7" in out  # 9.5 + 6 + 20 + 50 + 61.2 + 70 + 40
 
 
+@pytest.mark.slow
 def test_the_summary_fails_when_a_part_ran_out_of_time(tmp_path):
     write_results(tmp_path, "TIMEOUT")
     result = run_helper("summary", str(tmp_path))

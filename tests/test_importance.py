@@ -1,6 +1,7 @@
 """The sampler/trainer importance corrections (minirl.importance): hand values, exact gradients on small
 categoricals (the corrected surrogate against the true on-policy gradient), edge cases, TRL 1.16's own code path
-(its weights and its loss against minirl's), and the config / engine mappings.
+(its weights and its loss against minirl's). The weights inside each loss are tested in test_losses.py, their
+settings in test_config.py and their TRL / verl mappings in test_interop.py.
 
 Notation: r = pi_old / mu per token, mu the sampler, pi_old the trainer's recomputed policy; log-ratios in nats.
 """
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from minirl import importance, interop, losses, models, rollout
-from minirl.config import RLConfig, make_config
+from minirl.config import make_config
 
 F64 = dict(dtype=torch.float64)
 
@@ -256,101 +257,6 @@ def test_bad_shapes_and_bounds_raise():
                 fn(a, a, mask, cap=cap, cap_low=cap_low)
     with pytest.raises(ValueError, match="form"):
         importance.seq_tis_weights(a, a, mask, form="mean")
-
-
-def test_policy_loss_is_weights_checks_its_input():
-    logprobs, mask = torch.zeros(2, 3, **F64), torch.ones(2, 3, **F64)
-    adv = torch.tensor([1.0, -1.0], **F64)
-    with pytest.raises(ValueError, match="is_weights must have shape"):
-        losses.policy_loss(logprobs, logprobs, adv, mask, is_weights=torch.ones(3, **F64))
-    with pytest.raises(ValueError, match="only \\(B,\\) at level='sequence'"):
-        losses.policy_loss(logprobs, logprobs, adv, mask, level="sequence", agg="seq-mean-token-mean",
-                           is_weights=torch.ones(2, 3, **F64))
-    with pytest.raises(ValueError, match="finite and >= 0"):
-        losses.policy_loss(logprobs, logprobs, adv, mask, is_weights=torch.tensor([1.0, -0.5], **F64))
-    with pytest.raises(ValueError, match="finite and >= 0"):
-        losses.policy_loss(logprobs, logprobs, adv, mask, is_weights=torch.tensor([1.0, math.nan], **F64))
-
-
-# ------------------------------------------------------------------------------------------------ into the loss
-def _random_batch(seed=0, B=6, T=5):
-    g = torch.Generator().manual_seed(seed)
-    old = torch.randn(B, T, generator=g, **F64) - 1.5
-    logprobs = (old + 0.4 * torch.randn(B, T, generator=g, **F64)).requires_grad_(True)  # ratios leave the band
-    mask = torch.ones(B, T, **F64)
-    mask[0, 3:], mask[2, 1:] = 0, 0
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], **F64)
-    w_tok = torch.rand(B, T, generator=g, **F64) * 2.5
-    w_tok[1, 2] = 0.0  # a masked token (MIS)
-    w_seq = torch.tensor([0.3, 2.0, 0.0, 1.0, 1.7, 0.9], **F64)
-    return logprobs, old, adv, mask, w_tok, w_seq
-
-
-def _per_token_terms(logprobs, old, adv, mode, eps_low=0.2, eps_high=0.2):
-    """Each loss's per-token term, written out from its equation (losses.py), for (B,) advantages."""
-    a = adv.unsqueeze(1)
-    r = torch.exp(logprobs - old)
-    if mode == "clip":
-        return torch.maximum(-a * r, -a * r.clamp(1 - eps_low, 1 + eps_high))
-    if mode == "cispo":
-        return -r.clamp(1 - eps_low, 1 + eps_high).detach() * a * logprobs
-    tau = torch.full_like(r, 1.05).masked_fill(a > 0, 1.0)  # sapo, in float64 (a where() of two floats is float32)
-    return -torch.sigmoid(tau * (r - 1)) * 4 / tau * a
-
-
-@pytest.mark.parametrize("mode, agg", [("clip", "token-mean"), ("clip", "seq-mean-token-mean"),
-                                       ("clip", "seq-mean-token-sum-norm"), ("cispo", "token-mean"),
-                                       ("sapo", "seq-mean-token-mean")])
-@pytest.mark.parametrize("weights", ["token", "sequence"])
-def test_policy_loss_is_weights_multiplies_each_term_before_aggregation(mode, agg, weights):
-    """policy_loss(is_weights=w) == aggregate(w * per-token term): value and gradient (float64, 1e-12), for token
-    and sequence weights, with ratios outside the band (clipped terms) and a weight-0 token."""
-    logprobs, old, adv, mask, w_tok, w_seq = _random_batch()
-    w = w_tok if weights == "token" else w_seq
-    loss, _ = losses.policy_loss(logprobs, old, adv, mask, loss_mode=mode, agg=agg, is_weights=w)
-    (grad,) = torch.autograd.grad(loss, logprobs)
-    expected = losses.aggregate(importance.apply_weights(_per_token_terms(logprobs, old, adv, mode), w, mask), mask,
-                                agg)
-    (expected_grad,) = torch.autograd.grad(expected, logprobs)
-    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-12)
-    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
-    unweighted, _ = losses.policy_loss(logprobs, old, adv, mask, loss_mode=mode, agg=agg)
-    assert abs(float(loss.detach() - unweighted.detach())) > 1e-3  # the weights did something
-
-
-def test_policy_loss_is_weights_at_the_sequence_level_gspo_and_gmpo():
-    """One term per sequence: GSPO's mean_i w_i max(-A_i s_i, -A_i clip(s_i)) and GMPO's mean_i w_i (-A_i g_i);
-    rows without a token are left out (row 2 has one token here)."""
-    logprobs, old, adv, mask, _, w_seq = _random_batch()
-    n = mask.sum(-1)
-    mean_lr = ((logprobs - old) * mask).sum(-1) / n  # (B,)
-    s = torch.exp(mean_lr)
-    gspo = torch.maximum(-adv * s, -adv * s.clamp(1 - 3e-4, 1 + 4e-4))
-    loss, _ = losses.policy_loss(logprobs, old, adv, mask, level="sequence", eps_low=3e-4, eps_high=4e-4,
-                                 agg="seq-mean-token-mean", is_weights=w_seq)
-    torch.testing.assert_close(loss, (w_seq * gspo).mean(), rtol=0, atol=1e-12)
-    lr = logprobs - old  # GMPO, log-space clip 0.4 / 0.4 on the pessimistic side
-    c = lr.clamp(-0.4, 0.4)
-    m = torch.where(adv.unsqueeze(1) > 0, torch.minimum(lr, c), torch.maximum(lr, c))
-    gmpo = -adv * torch.exp((m * mask).sum(-1) / n)
-    loss, _ = losses.policy_loss(logprobs, old, adv, mask, loss_mode="gmpo", eps_low=0.4, eps_high=0.4,
-                                 agg="seq-mean-token-mean", is_weights=w_seq)
-    (grad,) = torch.autograd.grad(loss, logprobs)
-    (expected_grad,) = torch.autograd.grad((w_seq * gmpo).mean(), logprobs)
-    torch.testing.assert_close(loss, (w_seq * gmpo).mean(), rtol=0, atol=1e-12)
-    torch.testing.assert_close(grad, expected_grad, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("kw", [dict(), dict(level="sequence", agg="seq-mean-token-mean"),
-                                dict(level="sequence-token"), dict(loss_mode="cispo"), dict(loss_mode="sapo"),
-                                dict(loss_mode="gmpo", agg="seq-mean-token-mean"), dict(dual_clip=3.0)])
-def test_policy_loss_unit_weights_change_nothing(kw):
-    logprobs, old, adv, mask, _, _ = _random_batch(seed=1)
-    plain, _ = losses.policy_loss(logprobs, old, adv, mask, **kw)
-    ones, _ = losses.policy_loss(logprobs, old, adv, mask, is_weights=torch.ones(6, **F64), **kw)
-    assert torch.equal(plain, ones)
-    half, _ = losses.policy_loss(logprobs, old, adv, mask, is_weights=torch.full((6,), 0.5, **F64), **kw)
-    torch.testing.assert_close(half, 0.5 * plain, rtol=1e-12, atol=0)
 
 
 # ------------------------------------------------------------------------------------------------ exact gradients
@@ -657,74 +563,3 @@ def test_trls_sequence_weight_is_a_product_not_a_geometric_mean(tok, trl_setup, 
     torch.testing.assert_close(out["importance_sampling_ratio"][:, 0].double(), torch.exp(0.1 * n), rtol=1e-5, atol=0)
     with pytest.raises(NotImplementedError, match="is_seq_form='geomean'"):
         interop.trl_kwargs(make_config("grpo", is_correction="seq_tis", is_seq_form="geomean"))
-
-
-# ------------------------------------------------------------------------------------------------ config, engines
-def test_config_defaults_change_nothing_and_validate():
-    cfg = RLConfig()
-    assert (cfg.pi_old, cfg.is_correction, cfg.is_seq_form, cfg.is_cap_low) == ("recomputed", "none", "product", None)
-    kw = interop.trl_kwargs(make_config("grpo"))
-    assert kw["vllm_importance_sampling_correction"] is False and "vllm_importance_sampling_mode" not in kw
-    assert not any("rollout_correction" in o for o in interop.verl_overrides(make_config("grpo")))
-    for bad, match in [(dict(is_correction="tis"), "is_correction"), (dict(pi_old="sampler"), "pi_old"),
-                       (dict(is_seq_form="mean"), "is_seq_form"), (dict(is_cap=0.0), "is_cap must"),
-                       (dict(is_cap=2.0, is_cap_low=2.5), "is_cap_low"), (dict(is_cap_low=-1.0), "is_cap_low"),
-                       (dict(pi_old="naive", is_correction="token_tis"), "exactly 1")]:
-        with pytest.raises(ValueError, match=match):
-            make_config("grpo", **bad)
-
-
-@pytest.mark.parametrize("setting, mode", [("token_tis", "token_truncate"), ("token_mis", "token_mask"),
-                                           ("seq_tis", "sequence_truncate"), ("seq_mis", "sequence_mask")])
-def test_to_trl_maps_each_correction(setting, mode, tmp_path):
-    pytest.importorskip("trl")
-    args = interop.to_trl(make_config("grpo", is_correction=setting, is_cap=3.0, is_cap_low=0.5),
-                          output_dir=str(tmp_path), use_cpu=True)
-    assert (args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode,
-            args.vllm_importance_sampling_clip_max, args.vllm_importance_sampling_clip_min) == (True, mode, 3.0, 0.5)
-
-
-@pytest.mark.parametrize("overrides, switch", [
-    (dict(is_correction="seq_mis", is_seq_form="geomean"), "is_seq_form='geomean'"),
-    (dict(pi_old="naive"), "pi_old='naive'"),
-])
-def test_to_trl_raises_for_what_trl_cannot_express(overrides, switch):
-    with pytest.raises(NotImplementedError, match=switch):
-        interop.trl_kwargs(make_config("grpo", **overrides))
-
-
-#: verl 0.9.1's algorithm.rollout_correction keys, copied from verl/trainer/config/_generated_ppo_trainer.yaml of the
-#: 0.9.1 wheel (and verl/trainer/config/algorithm/rollout_correction.yaml).
-VERL_091_ROLLOUT_CORRECTION = {"rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
-                               "bypass_mode", "loss_type", "rollout_is_batch_normalize"}
-
-
-@pytest.mark.parametrize("overrides, expected", [
-    (dict(is_correction="token_tis", is_cap=2.0), ["rollout_is=token", "rollout_is_threshold=2.0",
-                                                   "bypass_mode=False"]),
-    (dict(is_correction="seq_tis", is_cap=5.0), ["rollout_is=sequence", "rollout_is_threshold=5.0",
-                                                 "bypass_mode=False"]),
-    (dict(is_correction="token_mis", is_cap=2.0, is_cap_low=0.5), ["rollout_is=token",
-                                                                   "rollout_is_threshold=0.5_2.0",
-                                                                   "bypass_mode=False"]),
-    (dict(is_correction="seq_mis", is_cap=3.0, is_cap_low=0.25), ["rollout_is=sequence",
-                                                                  "rollout_is_threshold=0.25_3.0",
-                                                                  "bypass_mode=False"]),
-    (dict(pi_old="naive"), ["bypass_mode=True", "loss_type=ppo_clip"]),
-])
-def test_to_verl_writes_verl_091_rollout_correction(overrides, expected):
-    out = [o for o in interop.verl_overrides(make_config("grpo", **overrides)) if "rollout_correction" in o]
-    assert out == [f"algorithm.rollout_correction.{e}" for e in expected]
-    assert {o.split("=")[0].removeprefix("algorithm.rollout_correction.") for o in out} <= VERL_091_ROLLOUT_CORRECTION
-
-
-@pytest.mark.parametrize("overrides, switch", [
-    (dict(is_correction="seq_tis", is_seq_form="geomean"), "is_seq_form='geomean'"),
-    (dict(is_correction="token_tis", is_cap_low=0.5), "is_cap_low=0.5 with token_tis"),
-    (dict(is_correction="seq_mis"), "seq_mis without is_cap_low"),
-])
-def test_to_verl_raises_for_what_verl_cannot_express(overrides, switch):
-    with pytest.raises(NotImplementedError, match=switch):
-        interop.verl_overrides(make_config("grpo", **overrides))
-    with pytest.raises(NotImplementedError, match="pi_old='naive' with loss_mode='cispo'"):
-        interop.verl_overrides(make_config("cispo", pi_old="naive"))

@@ -685,6 +685,7 @@ def test_verl_grpo_overrides_by_hand():
         interop.to_verl(make_config("gspo", routing_replay=True))
 
 
+@pytest.mark.slow
 def test_minirl_does_not_import_interop_or_trl():
     import subprocess
     import sys
@@ -898,3 +899,60 @@ def test_the_critic_refusal_points_to_what_the_installed_trl_has():
         interop.trl_kwargs(make_config("ppo"))
     assert "PPOTrainer" not in str(err.value) and "to_verl" in str(err.value), str(err.value)
     assert "algorithm.adv_estimator=gae" in interop.verl_overrides(make_config("ppo"))
+
+
+# --- the sampler corrections (minirl.importance) in TRL's and verl's settings -----------------------------------------
+@pytest.mark.parametrize("setting, mode", [("token_tis", "token_truncate"), ("token_mis", "token_mask"),
+                                           ("seq_tis", "sequence_truncate"), ("seq_mis", "sequence_mask")])
+def test_to_trl_maps_each_correction(setting, mode, tmp_path):
+    pytest.importorskip("trl")
+    args = interop.to_trl(make_config("grpo", is_correction=setting, is_cap=3.0, is_cap_low=0.5),
+                          output_dir=str(tmp_path), use_cpu=True)
+    assert (args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode,
+            args.vllm_importance_sampling_clip_max, args.vllm_importance_sampling_clip_min) == (True, mode, 3.0, 0.5)
+
+
+@pytest.mark.parametrize("overrides, switch", [
+    (dict(is_correction="seq_mis", is_seq_form="geomean"), "is_seq_form='geomean'"),
+    (dict(pi_old="naive"), "pi_old='naive'"),
+])
+def test_to_trl_raises_for_what_trl_cannot_express(overrides, switch):
+    with pytest.raises(NotImplementedError, match=switch):
+        interop.trl_kwargs(make_config("grpo", **overrides))
+
+
+#: verl 0.9.1's algorithm.rollout_correction keys, copied from verl/trainer/config/_generated_ppo_trainer.yaml of the
+#: 0.9.1 wheel (and verl/trainer/config/algorithm/rollout_correction.yaml).
+VERL_091_ROLLOUT_CORRECTION = {"rollout_is", "rollout_is_threshold", "rollout_rs", "rollout_rs_threshold",
+                               "bypass_mode", "loss_type", "rollout_is_batch_normalize"}
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (dict(is_correction="token_tis", is_cap=2.0), ["rollout_is=token", "rollout_is_threshold=2.0",
+                                                   "bypass_mode=False"]),
+    (dict(is_correction="seq_tis", is_cap=5.0), ["rollout_is=sequence", "rollout_is_threshold=5.0",
+                                                 "bypass_mode=False"]),
+    (dict(is_correction="token_mis", is_cap=2.0, is_cap_low=0.5), ["rollout_is=token",
+                                                                   "rollout_is_threshold=0.5_2.0",
+                                                                   "bypass_mode=False"]),
+    (dict(is_correction="seq_mis", is_cap=3.0, is_cap_low=0.25), ["rollout_is=sequence",
+                                                                  "rollout_is_threshold=0.25_3.0",
+                                                                  "bypass_mode=False"]),
+    (dict(pi_old="naive"), ["bypass_mode=True", "loss_type=ppo_clip"]),
+])
+def test_to_verl_writes_verl_091_rollout_correction(overrides, expected):
+    out = [o for o in interop.verl_overrides(make_config("grpo", **overrides)) if "rollout_correction" in o]
+    assert out == [f"algorithm.rollout_correction.{e}" for e in expected]
+    assert {o.split("=")[0].removeprefix("algorithm.rollout_correction.") for o in out} <= VERL_091_ROLLOUT_CORRECTION
+
+
+@pytest.mark.parametrize("overrides, switch", [
+    (dict(is_correction="seq_tis", is_seq_form="geomean"), "is_seq_form='geomean'"),
+    (dict(is_correction="token_tis", is_cap_low=0.5), "is_cap_low=0.5 with token_tis"),
+    (dict(is_correction="seq_mis"), "seq_mis without is_cap_low"),
+])
+def test_to_verl_raises_for_what_verl_cannot_express(overrides, switch):
+    with pytest.raises(NotImplementedError, match=switch):
+        interop.verl_overrides(make_config("grpo", **overrides))
+    with pytest.raises(NotImplementedError, match="pi_old='naive' with loss_mode='cispo'"):
+        interop.verl_overrides(make_config("cispo", pi_old="naive"))

@@ -1,9 +1,15 @@
 """Tests of minirl.models: sizes of the tiny models, save/load round trip, the MoE experts kernel."""
 
+from functools import partial
+
+import helpers
 import pytest
 import torch
 
 from minirl import models
+from minirl.tokenizer import build_tokenizer
+
+close = partial(helpers.close, atol=5e-7)
 
 
 def test_default_sizes_are_in_the_advertised_range(tok):
@@ -51,3 +57,21 @@ def test_save_pretrained_then_load_gives_identical_logits(tok, tmp_path, kind):
 def test_load_of_a_missing_directory_raises(tmp_path):
     with pytest.raises(OSError):
         models.load(str(tmp_path / "nothing-here"))
+
+
+# ------------------------------------------------------------------------------------------------------ critic
+def test_value_model_is_a_separate_copy_that_starts_at_zero():
+    tok = build_tokenizer()
+    policy = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    critic = models.ValueModel(policy)
+    assert all(p.data_ptr() != q.data_ptr() for p in critic.parameters() for q in policy.parameters())
+    ids = torch.tensor([[0, 2, 5, 6, 7, 8], [2, 5, 5, 6, 9, 1]])
+    am = torch.tensor([[0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    v = models.token_values(critic, ids, am, n_prompt_tokens=3)  # completion = the last 3 positions
+    assert v.shape == (2, 3) and v.dtype == torch.float32
+    close(v.double(), torch.zeros(2, 3))  # zero head: no confident wrong values before training
+    with torch.no_grad():
+        critic.head.bias.fill_(1.0)
+        critic.head.weight.normal_()
+    full = critic(ids, am)  # (B, L): the value after each position
+    close(models.token_values(critic, ids, am, 3), full[:, 2:5])  # V(s_t) is read where token t is predicted

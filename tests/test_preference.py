@@ -1,4 +1,5 @@
-"""Tests for minirl.preference: DPO, IPO, KTO, SimPO, the IPO bandit, and pair construction.
+"""Tests for minirl.preference: DPO, IPO, KTO, SimPO. (The IPO bandit: test_preference_toy.py; pair construction:
+test_preference_data.py.)
 
 Every expected number is worked by hand in the comment next to it. sigma(x) = 1 / (1 + e^-x), and
 -log sigma(x) = ln(1 + e^-x).
@@ -13,9 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minirl import preference
 from minirl.preference import dpo_loss, ipo_loss, kto_loss, kto_mismatched_indices, simpo_loss
-from minirl.preference_data import build_kto_examples, build_preference_pairs
-from minirl.preference_toy import ipo_bandit, total_order_preferences
 
 LN2 = math.log(2.0)  # 0.693147
 
@@ -144,22 +144,6 @@ def test_ipo_acceptance_values_through_sequence_logprobs(reduction, expected):
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert stats["target_margin"] == pytest.approx(5.0)
     assert stats["margins"] == pytest.approx(1.0 if reduction == "sum" else 5 / 12)
-
-
-def test_sequence_logprobs_of_an_empty_completion_is_never_nan():
-    # a completion with 0 valid tokens: "sum" is the empty sum 0; "mean" is undefined -> a clear error, never NaN
-    from minirl.rollout import sequence_logprobs
-
-    lp = torch.tensor([[-1.0, -2.0], [-5.0, -5.0]])
-    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
-    s = sequence_logprobs(lp, mask, reduction="sum")
-    assert s.tolist() == [-3.0, 0.0]
-    try:
-        m = sequence_logprobs(lp, mask, reduction="mean")
-    except ValueError as err:
-        assert "mask" in str(err)
-    else:
-        assert not torch.isnan(m).any() and m[1].item() == 0.0
 
 
 def test_ipo_gradient_matches_hand_formula():
@@ -314,162 +298,9 @@ def test_bad_inputs_raise_value_error_naming_the_argument(call, match):
         call()
 
 
-# ---------------------------------------------------------------------------------------------------------- bandit
-
-
-def test_bandit_first_step_matches_hand_gradient():
-    # uniform start, strict ranking 0 > 1 > 2, pairs {0,1}, {0,2}, {1,2} each with weight 1/3.
-    # DPO: at h = 0 each pair's loss has d/dtheta_winner = -beta * sigma(0) = -beta/2 and +beta/2 on the loser.
-    # theta_0 wins twice: (1/3)(-beta/2 - beta/2) = -beta/3; theta_1 wins once, loses once: 0; theta_2: +beta/3.
-    # one step of size lr: theta = log(1/3) + lr * beta/3 * (1, 0, -1)
-    beta, lr = 0.6, 0.5
-    traj = ipo_bandit("dpo", beta=beta, steps=1, lr=lr)
-    torch.testing.assert_close(traj[0], torch.full((3,), 1 / 3, dtype=torch.float64))
-    step = lr * beta / 3 * torch.tensor([1.0, 0.0, -1.0], dtype=torch.float64)
-    torch.testing.assert_close(traj[1], torch.softmax(step, 0))
-    # IPO, tau = 1, c = 1/(2 tau) = 0.5: d/dh (h - c)^2 = -2c = -1 at h = 0, so theta_0 gets (1/3)(-1 - 1) = -2/3
-    traj = ipo_bandit("ipo", beta=1.0, steps=1, lr=lr)
-    torch.testing.assert_close(traj[1], torch.softmax(lr * 2 / 3 * torch.tensor([1.0, 0.0, -1.0],
-                                                                                   dtype=torch.float64), 0))
-
-
-@pytest.mark.parametrize("beta", [0.1, 0.5, 1.0])
-def test_bandit_dpo_drives_the_never_winning_action_to_zero_for_any_beta(beta):
-    traj = ipo_bandit("dpo", beta=beta, steps=2000, lr=0.5)
-    p_last = traj[:, 2]
-    assert p_last[-1] < 1e-4  # measured: 9e-14 (beta 0.1), 2e-8 (0.5), 9e-6 (1.0)
-    assert (p_last[1:] < p_last[:-1]).all()  # still falling at every step: no finite optimum
-
-
-# paper-index: preference_toy.ipo_bandit
-@pytest.mark.parametrize("tau", [0.1, 0.5, 1.0])
-def test_bandit_ipo_converges_to_its_regularised_optimum(tau):
-    # optimum: theta_0 - theta_1 = theta_1 - theta_2 = 1/(3 tau) (minimise (u-c)^2 + (v-c)^2 + (u+v-c)^2, c = 1/(2tau))
-    # so pi = softmax(2g, g, 0) with g = 1/(3 tau); tau = 1: pi_2 = e^-1/3 / (e^1/3 + 1 + e^-1/3) = 0.230237
-    g = 1 / (3 * tau)
-    optimum = torch.softmax(torch.tensor([2 * g, g, 0.0], dtype=torch.float64), 0)
-    traj = ipo_bandit("ipo", beta=tau, steps=2000, lr=0.5)
-    torch.testing.assert_close(traj[-1], optimum, rtol=1e-9, atol=1e-12)
-    if tau == 1.0:
-        assert traj[-1, 2].item() == pytest.approx(0.230237, abs=1e-6)
-
-
-def test_bandit_ipo_with_a_tie_regularises_the_tied_pair_to_the_reference():
-    # 0 and 1 tie (P = 0.5), both always beat 2. The tied pair's IPO terms 0.5 (x - c)^2 + 0.5 (-x - c)^2 are
-    # smallest at x = 0; the other two fix theta_0 - theta_2 = theta_1 - theta_2 = c. tau = 1, c = 0.5:
-    # pi_2 = 1 / (2 e^0.5 + 1) = 1 / 4.297443 = 0.232696
-    prefs = torch.tensor([[0.5, 0.5, 1.0], [0.5, 0.5, 1.0], [0.0, 0.0, 0.5]])
-    traj = ipo_bandit("ipo", beta=1.0, steps=2000, lr=0.5, preferences=prefs)
-    assert traj[-1, 2].item() == pytest.approx(0.232696, abs=1e-6)
-    assert traj[-1, 0].item() == pytest.approx(traj[-1, 1].item(), abs=1e-12)
-    # DPO on the same data: the tie keeps pi_0 = pi_1, and pi_2 keeps falling (measured 5e-4 after 2000 steps)
-    traj = ipo_bandit("dpo", beta=1.0, steps=2000, lr=0.5, preferences=prefs)
-    assert traj[-1, 2] < 1e-3 and (traj[1:, 2] < traj[:-1, 2]).all()
-    assert traj[-1, 0].item() == pytest.approx(traj[-1, 1].item(), abs=1e-12)
-
-
-def test_bandit_is_deterministic():
-    a = ipo_bandit("dpo", beta=0.3, steps=50)
-    b = ipo_bandit("dpo", beta=0.3, steps=50)
-    assert torch.equal(a, b) and a.shape == (51, 3) and a.dtype == torch.float64
-    torch.testing.assert_close(a.sum(1), torch.ones(51, dtype=torch.float64))
-
-
-@pytest.mark.parametrize("kwargs, match", [
-    ({"method": "ppo"}, "method"),
-    ({"method": "ipo", "beta": 0.0}, "beta"),
-    ({"method": "ipo", "lr": -1.0}, "lr"),
-    ({"method": "ipo", "steps": -1}, "steps"),
-    ({"method": "ipo", "preferences": torch.ones(3, 3)}, "preferences"),
-    ({"method": "ipo", "preferences": torch.ones(3)}, "preferences"),
-    ({"method": "ipo", "ref_probs": torch.tensor([0.5, 0.5, 0.5])}, "ref_probs"),
-])
-def test_bandit_bad_inputs(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        ipo_bandit(**kwargs)
-
-
-def test_total_order_preferences():
-    p = total_order_preferences(3)
-    assert p.tolist() == [[0.5, 1.0, 1.0], [0.0, 0.5, 1.0], [0.0, 0.0, 0.5]]
-
-
-# ---------------------------------------------------------------------------------------------------------- pairs
-
-
-COMPLETIONS = ["a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3", "c0", "c1", "c2", "c3"]
-REWARDS = [1, 0, 0, 1,  # group a: 2 correct, 2 wrong -> min(2, 2) = 2 pairs: (a0, a1), (a3, a2)
-           1, 1, 1, 1,  # group b: all correct -> no pair
-           0, 1, 0, 0]  # group c: 1 correct, 3 wrong -> 1 pair: (c1, c0)
-
-
-def test_build_preference_pairs_min_pairs_in_order():
-    ds = build_preference_pairs(["pa", "pb", "pc"], COMPLETIONS, REWARDS, group_size=4)
-    assert ds.column_names == ["prompt", "chosen", "rejected"]
-    assert ds["prompt"] == ["pa", "pa", "pc"]
-    assert ds["chosen"] == ["a0", "a3", "c1"]
-    assert ds["rejected"] == ["a1", "a2", "c0"]
-    # one prompt per completion (the rollout layout) and tensor rewards give the same pairs
-    per_completion = [p for p in ["pa", "pb", "pc"] for _ in range(4)]
-    ds2 = build_preference_pairs(per_completion, COMPLETIONS, torch.tensor(REWARDS, dtype=torch.float32), 4)
-    assert ds2.to_dict() == ds.to_dict()
-
-
-def test_build_preference_pairs_without_signal_is_empty_with_columns():
-    ds = build_preference_pairs(["p"], ["x", "y"], [0.0, 0.0], group_size=2)
-    assert len(ds) == 0 and ds.column_names == ["prompt", "chosen", "rejected"]
-
-
-def test_build_kto_examples():
-    ds = build_kto_examples(["pa", "pb", "pc"], COMPLETIONS, REWARDS, group_size=4)
-    assert ds.column_names == ["prompt", "completion", "label"]
-    assert len(ds) == 12 and ds["label"] == [bool(r) for r in REWARDS]
-    mixed = build_kto_examples(["pa", "pb", "pc"], COMPLETIONS, REWARDS, group_size=4, only_mixed_groups=True)
-    assert mixed["completion"] == ["a0", "a1", "a2", "a3", "c0", "c1", "c2", "c3"]  # group b dropped
-    assert mixed["label"] == [True, False, False, True, False, True, False, False]
-
-
-@pytest.mark.parametrize("builder", [build_preference_pairs, build_kto_examples])
-@pytest.mark.parametrize("args, match", [
-    ((["p"], ["x", "y"], [1.0], 2), "rewards"),
-    ((["p"], ["x", "y", "z"], [1.0, 0.0, 1.0], 2), "completions"),
-    ((["p", "q", "r"], ["x", "y", "z", "w"], [1.0, 0.0, 1.0, 0.0], 2), "prompts"),
-    ((["p", "p", "q", "p"], ["x", "y", "z", "w"], [1.0, 0.0, 1.0, 0.0], 2), "prompts differ"),
-    ((["p"], ["x", "y"], [1.0, 0.0], 0), "group_size"),
-])
-def test_builders_validate_lengths(builder, args, match):
-    with pytest.raises(ValueError, match=match):
-        builder(*args)
-
-
-def test_build_preference_pairs_needs_groups_of_two():
-    with pytest.raises(ValueError, match="group_size"):
-        build_preference_pairs(["p", "q"], ["x", "y"], [1.0, 0.0], group_size=1)
-
-
-def test_pairs_to_examples_unpairs_chosen_and_rejected():
-    from minirl.preference_data import pairs_to_examples
-
-    pairs = {"prompt": ["p", "q"], "chosen": ["c0", "c1"], "rejected": ["r0", "r1"]}
-    ds = pairs_to_examples(pairs)
-    assert ds.column_names == ["prompt", "completion", "label"]
-    assert ds["prompt"] == ["p", "p", "q", "q"]
-    assert ds["completion"] == ["c0", "r0", "c1", "r1"]
-    assert ds["label"] == [True, False, True, False]
-
-
-def test_flip_pairs_swaps_exactly_the_share_asked_for():
-    from datasets import Dataset
-
-    from minirl.preference_data import flip_pairs
-
-    pairs = Dataset.from_dict({"prompt": [f"p{i}" for i in range(10)], "chosen": [f"c{i}" for i in range(10)],
-                               "rejected": [f"r{i}" for i in range(10)]})
-    noisy = flip_pairs(pairs, 0.3, seed=4)
-    assert sum(noisy["flipped"]) == 3  # round(0.3 * 10)
-    for i, f in enumerate(noisy["flipped"]):
-        assert (noisy["chosen"][i], noisy["rejected"][i]) == ((f"r{i}", f"c{i}") if f else (f"c{i}", f"r{i}"))
-    assert noisy.to_dict() == flip_pairs(pairs, 0.3, seed=4).to_dict()  # same seed, same flips
-    assert sum(flip_pairs(pairs, 0.0)["flipped"]) == 0 and sum(flip_pairs(pairs, 1.0)["flipped"]) == 10
-    with pytest.raises(ValueError, match="fraction"):
-        flip_pairs(pairs, 1.5)
+# --- DPO at an extreme margin: the course checker's hand value (minirl/exercises) -------------------------------------
+def test_dpo_extreme_margin_hand_value():
+    # the checker's hand value: beta * h = 0.2 * ((-1000 + 10) - (-10 + 10)) = -198 -> -log sigmoid(-198) = 198
+    loss, _ = preference.dpo_loss(torch.tensor([-1000.0]), torch.tensor([-10.0]), torch.tensor([-10.0]),
+                                  torch.tensor([-10.0]), beta=0.2)
+    assert math.isclose(loss.item(), 198.0, rel_tol=1e-6)

@@ -24,8 +24,6 @@ PAIRS = {
 }
 
 
-
-
 def tiny(tok, seed=0):
     return models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=seed)
 
@@ -92,6 +90,7 @@ def test_encode_completions_rejects_bad_input(tok):
 
 
 # paper-index: preference_loop.train_preference
+@pytest.mark.slow
 @pytest.mark.parametrize("method,expected", [("dpo", math.log(2)), ("ipo", 25.0), ("kto", 0.5)])
 def test_first_step_loss_with_reference_equal_to_policy(tok, pairs, method, expected):
     # dpo: -log sigmoid(0) = ln 2 = 0.693147; ipo tau 0.1: (0 - 5)^2 = 25; kto: 1 - sigmoid(0) = 0.5
@@ -104,11 +103,13 @@ def test_first_step_loss_with_reference_equal_to_policy(tok, pairs, method, expe
         assert row["z0"] == 0.0 and row["desirable_rewards"] == 0.0
 
 
+@pytest.mark.slow
 def test_dpo_first_step_is_ln2_with_label_smoothing_too(tok, pairs):
     h = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", label_smoothing=0.2))
     assert h.rows[0]["loss"] == pytest.approx(0.693147, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_simpo_first_step_matches_hand_computation(tok, pairs):
     model = tiny(tok)
     enc = loop.encode_completions(tok, PAIRS["prompt"] * 2, PAIRS["chosen"] + PAIRS["rejected"])
@@ -147,6 +148,7 @@ def test_method_defaults_follow_the_papers():
 # ---------------------------------------------------------------------------------------------- the reference model
 
 
+@pytest.mark.slow
 def test_reference_is_frozen_in_eval_mode_and_run_without_grad(tok, pairs):
     model, ref = tiny(tok), tiny(tok)
     ref.train()  # the loop must switch it to eval mode
@@ -160,6 +162,7 @@ def test_reference_is_frozen_in_eval_mode_and_run_without_grad(tok, pairs):
         torch.testing.assert_close(v, before[k], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_default_reference_is_a_frozen_copy_of_the_start(tok, pairs):
     model = tiny(tok)
     start = copy.deepcopy(model.state_dict())
@@ -175,6 +178,7 @@ def test_reference_logps_refuses_train_mode(tok):
         loop.reference_logps(tiny(tok).train(), enc)
 
 
+@pytest.mark.slow
 def test_simpo_makes_no_reference(tok, pairs, monkeypatch):
     model, ref = tiny(tok), tiny(tok, seed=1)
     real = copy.deepcopy
@@ -192,6 +196,7 @@ def test_simpo_makes_no_reference(tok, pairs, monkeypatch):
     assert h.rows[-1]["memory_reference_bytes"] == 0
 
 
+@pytest.mark.slow
 def test_memory_held_counts_parameters_grads_adam_and_reference(tok, pairs):
     n = models.count_parameters(tiny(tok))  # tied embeddings counted once
     dpo = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo")).rows[-1]
@@ -215,6 +220,7 @@ def test_kto_reference_pairs_never_pair_an_example_with_itself():
         assert c == [comps[j] for j in idx.tolist()]
 
 
+@pytest.mark.slow
 def test_kto_loop_pairs_no_example_with_itself(tok, pairs, monkeypatch):
     drawn = []
     real = loop.kto_reference_pairs
@@ -251,6 +257,7 @@ def test_kto_z0_is_mismatched_log_ratio_clamped_and_detached(tok, pairs):
 # ---------------------------------------------------------------------------------------------- learning
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dpo", "ipo", "kto", "simpo"])
 def test_a_few_steps_raise_the_chosen_minus_rejected_margin(tok, pairs, method):
     model = tiny(tok)
@@ -267,6 +274,7 @@ def test_a_few_steps_raise_the_chosen_minus_rejected_margin(tok, pairs, method):
     assert margin() > before + 1.0
 
 
+@pytest.mark.slow
 def test_same_seed_same_history(tok, pairs):
     a = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=3, batch_size=2, seed=5))
     b = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=3, batch_size=2, seed=5))
@@ -283,6 +291,7 @@ def test_batches_cover_each_row_once_per_epoch():
     assert all(len(b) == 2 for b in batches)
 
 
+@pytest.mark.slow
 def test_eval_rows_at_start_and_end(tok, pairs):
     test = Dataset.from_dict({"prompt": ["1+2=", "3+3="], "answer": ["3", "6"]})
     h = loop.train_preference(tiny(tok), tok, pairs, cfg("dpo", steps=2, max_new_tokens=4), eval_data=test)

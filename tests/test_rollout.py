@@ -451,3 +451,19 @@ def test_generate_bad_input(tiny):
         rollout.generate(model, tok, PROMPTS, 2, 4, temperature=0.0)
     with pytest.raises(ValueError, match="prompt"):
         rollout.generate(model, tok, [], 2, 4)
+
+
+def test_sequence_logprobs_of_an_empty_completion_is_never_nan():
+    # a completion with 0 valid tokens: "sum" is the empty sum 0; "mean" is undefined -> a clear error, never NaN
+    from minirl.rollout import sequence_logprobs
+
+    lp = torch.tensor([[-1.0, -2.0], [-5.0, -5.0]])
+    mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
+    s = sequence_logprobs(lp, mask, reduction="sum")
+    assert s.tolist() == [-3.0, 0.0]
+    try:
+        m = sequence_logprobs(lp, mask, reduction="mean")
+    except ValueError as err:
+        assert "mask" in str(err)
+    else:
+        assert not torch.isnan(m).any() and m[1].item() == 0.0

@@ -1,4 +1,5 @@
-"""Tests of minirl.sampler (a sampler that is not the trainer) and Rollout Routing Replay (R3)."""
+"""Tests of minirl.sampler (a sampler that is not the trainer) and Rollout Routing Replay (R3) from its routes, in the
+loop too. (Its settings' validation: test_config.py.)"""
 
 import pytest
 import torch
@@ -128,6 +129,7 @@ def test_record_routing_along_the_sequence_checks_rows(tok):
             model(input_ids=ids.repeat(2, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("settings", [
     dict(sampler_dtype="bfloat16"),
     dict(sampler_dtype="bfloat16", pi_old="naive"),
@@ -146,14 +148,6 @@ def test_the_loop_trains_with_a_mismatched_sampler(tok, settings):
     assert len(history.rows) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in history.rows)
     if cfg.pi_old == "recomputed":  # the gap is logged every step, and it is not zero
         assert all(r["mismatch_logp_diff_max"] > 0 for r in history.rows)
-
-
-def test_the_sampler_settings_are_validated():
-    for bad, match in ((dict(sampler_dtype="fp8"), "sampler_dtype"), (dict(pi_old="engine"), "pi_old"),
-                       (dict(replay_source="both"), "replay_source"), (dict(sampler_logit_noise=-0.1), ">= 0"),
-                       (dict(routing_replay=True, pi_old="naive"), "R3")):
-        with pytest.raises(ValueError, match=match):
-            config.make_config("grpo", **bad).validate()
 
 
 def test_naive_pi_old_is_the_samplers_log_probs(tok):

@@ -61,6 +61,7 @@ def test_a_changed_recipe_does_not_load_the_shipped_weights(monkeypatch, tmp_pat
     assert trained == [7, resolve_profile("cpu").sft_steps]
 
 
+@pytest.mark.slow
 def test_the_shipped_checkpoint_still_scores_its_recorded_evaluation():
     """Re-evaluated here, the shipped weights give the held-out figures of their info.json: exactly on the machine
     that made them; on another CPU, sampling can draw other tokens from float round-off, so within 3 standard
@@ -89,6 +90,7 @@ def test_spread_band_is_what_the_readme_states():
     assert "0.275-0.446" in (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_freshly_trained_seed_0_warm_start_lands_within_the_stated_spread():
     """The SFT path trained on this machine (cached under MINIRL_CACHE, so CI's second configuration, which trains
     every warm start afresh, trains it once)."""

@@ -42,6 +42,7 @@ def write_spec(tmp_path, **extra):
     return path
 
 
+@pytest.mark.slow
 def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start):
     path = write_spec(tmp_path)
     summary = sweep.run_sweep(path, progress=False)
@@ -69,6 +70,7 @@ def test_sweep_runs_each_arm_and_seed_once_and_resumes(tmp_path, tiny_warm_start
     assert mixed["warm_start_sha256"] is None and not sweep.same_start(mixed, {"sha256": {"model.safetensors": "ab12"}})
 
 
+@pytest.mark.slow
 def test_summary_is_the_statistics_over_seeds_of_the_stored_rows(tmp_path, tiny_warm_start):
     path = write_spec(tmp_path)
     summary = sweep.run_sweep(path, progress=False)
@@ -112,6 +114,7 @@ def test_an_arms_model_key_changes_the_model_sizes_and_nothing_else(tmp_path):
     assert spec.config("deep", 0) == spec.config("plain", 0)  # "model" is not an RLConfig field
 
 
+@pytest.mark.slow
 def test_plot_metric_draws_the_mean_and_a_min_max_band(tmp_path, tiny_warm_start):
     import matplotlib
 
@@ -141,6 +144,7 @@ def first_position_kl(model, reference, tok, prompts) -> float:
     return sum(out) / len(out)
 
 
+@pytest.mark.slow
 def test_the_kl_probe_logs_the_true_kl_in_the_runs_rows(tmp_path, tiny_warm_start, monkeypatch):
     """kl_probe adds true_kl (nats per sequence) to the rows it measures, through train_rl's callback: the
     callback runs before the row is logged.
@@ -172,6 +176,7 @@ def test_the_kl_probe_logs_the_true_kl_in_the_runs_rows(tmp_path, tiny_warm_star
     assert all(k in rows[-1] for k in ("true_kl_stderr", "true_kl_per_token", "fresh_entropy"))
 
 
+@pytest.mark.slow
 def test_update_probe_measures_every_update_without_changing_the_run(tmp_path, monkeypatch):
     """update_probe: a dense arm and an MoE arm side by side (the arm's own "moe" key); every optimiser step is
     measured on the fixed probe batch (2 steps x 2 minibatches = 4 updates per run), the MoE rows carry routing

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # launches torchrun
+
 pytest.importorskip("trl", reason="TRL is not installed: pip install -e '.[trl]'")
 
 ROOT = Path(__file__).resolve().parent.parent

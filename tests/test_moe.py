@@ -1,5 +1,6 @@
-"""Tests of GSPO / GSPO-token (minirl.losses.policy_loss at the sequence levels) and of Routing Replay on a real
-transformers MoE (minirl.moe), by hand where possible."""
+"""Tests of minirl.moe: routing change, Routes, expert load and the router's load-balancing loss by hand, and
+Routing Replay on a real transformers MoE. (GSPO's sequence-level loss is tested in test_losses.py, the loop's use of
+replay and of the load-balancing loss in test_rl.py.)"""
 
 import math
 from functools import partial
@@ -7,175 +8,11 @@ from functools import partial
 import helpers
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from minirl import config, models, moe, rl, rollout, tasks
-from minirl.losses import policy_loss
+from minirl import models, moe, rollout
 
 D = torch.float64
-EPS_LOW, EPS_HIGH = 3e-4, 4e-4  # GSPO's clip ranges (Zheng et al. 2025, section 5.1)
-
-
 close = partial(helpers.close, atol=5e-9, dtype=D)
-
-
-def gspo(lp, old, adv, mask, level, **kw):
-    """Loss, gradient with respect to the log-probs, and stats of one GSPO(-token) evaluation."""
-    lp = lp.detach().clone().requires_grad_(True)
-    loss, stats = policy_loss(lp, old, adv, mask, eps_low=EPS_LOW, eps_high=EPS_HIGH, level=level,
-                              agg="seq-mean-token-mean", **kw)
-    (grad,) = torch.autograd.grad(loss, lp)
-    return loss.detach(), grad, stats
-
-
-# --- the acceptance example, by hand ----------------------------------------------------------------------------
-# seq 0: log-ratios [3e-4, -1e-4, 1e-4], mean 3e-4 / 3 = 1e-4, s_0 = e^1e-4 = 1.000100005
-# seq 1: log-ratio [6e-4] (+ 2 padded positions), s_1 = e^6e-4 = 1.000600180
-# clip range [1 - 3e-4, 1 + 4e-4] = [0.9997, 1.0004].
-# seq 0, A = +1: s_0 inside the range -> term -A s_0 = -1.000100005.
-# seq 1, A = -1: s_1 > 1.0004, but for A < 0 the pessimistic max(-A s, -A clip(s)) = max(1.000600180, 1.0004)
-#   keeps the UNclipped branch -> term +1.000600180 (the clip never protects a ratio that makes things worse).
-# GSPO loss = mean over the 2 sequences = (-1.000100005 + 1.000600180) / 2 = 0.000500175 / 2 = 0.00025009.
-# gradient: d s_i / d logp_t = s_i / |y_i|, so
-#   seq 0, each of its 3 tokens: -A s_0 / 3 / 2 = -1.000100005 / 6 = -0.166683334
-#   seq 1, its 1 token:          -A s_1 / 1 / 2 = +1.000600180 / 2 = +0.500300090;  padded positions: 0.
-OLD = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -3.0, -3.0]], dtype=D)
-LOG_RATIO = torch.tensor([[3e-4, -1e-4, 1e-4], [6e-4, 0.7, -0.9]], dtype=D)  # padding garbage must not count
-MASK = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=D)
-ADV = torch.tensor([1.0, -1.0], dtype=D)
-S0, S1 = math.exp(1e-4), math.exp(6e-4)
-
-
-def test_acceptance_sequence_ratios_are_the_hand_values():
-    assert round(S0, 8) == 1.00010001 and round(S1, 8) == 1.00060018
-    _, _, stats = gspo(OLD + LOG_RATIO, OLD, ADV, MASK, "sequence")
-    close(stats["ratio_min"], S0, atol=1e-12)
-    close(stats["ratio_max"], S1, atol=1e-12)
-
-
-@pytest.mark.parametrize("level", ["sequence", "sequence-token"])
-def test_acceptance_loss_and_gradient(level):
-    loss, grad, stats = gspo(OLD + LOG_RATIO, OLD, ADV, MASK, level)
-    close(loss, 0.00025009, atol=5e-9)
-    close(loss, (-S0 + S1) / 2, atol=1e-12)
-    close(grad, [[-0.166683, -0.166683, -0.166683], [0.500300, 0.0, 0.0]], atol=5e-7)
-    close(grad, [[-S0 / 6] * 3, [S1 / 2, 0.0, 0.0]], atol=1e-12)
-    # nothing clipped: seq 0 is inside the range; seq 1 is above it with A < 0, which keeps its gradient
-    assert stats["clip_frac"] == 0.0
-
-
-def test_gspo_clips_a_whole_sequence_and_counts_its_tokens():
-    # flip the advantages to [-1, +1]: seq 0 (s_0 = 1.0001, inside the range) keeps its gradient;
-    # seq 1 (s_1 = 1.0006 > 1.0004, A = +1) is clipped: term -1.0004, a constant -> gradient 0.
-    # loss = (+1.000100005 - 1.0004) / 2 = -0.000149998; gradient seq 0: +1.000100005 / 6 = 0.166683334
-    for level in ("sequence", "sequence-token"):
-        loss, grad, stats = gspo(OLD + LOG_RATIO, OLD, -ADV, MASK, level)
-        close(loss, (S0 - 1.0004) / 2, atol=1e-12)
-        close(grad, [[S0 / 6] * 3, [0.0, 0.0, 0.0]], atol=1e-12)
-        # clip fraction per TOKEN, as the GSPO paper counts it: 1 of the 4 valid tokens lost its gradient
-        assert stats["clip_frac_high"] == 0.25 and stats["clip_frac_low"] == 0.0
-
-
-def test_gspo_token_with_per_token_advantages():
-    # GSPO-token's reason to exist: A may vary along the sequence. Seq 0 with A_t = [2, 0, -1], seq 1 A = [-1]:
-    # every token of seq i carries the value s_i and the gradient s_i * d logp_t (clipping decided by s_i):
-    # seq 0 terms: -2 s_0, 0, +s_0 -> mean (-s_0) / 3; seq 1: +s_1; loss = (-s_0 / 3 + s_1) / 2
-    # gradient seq 0: -A_t s_0 / 3 / 2 = [-2 s_0 / 6, 0, +s_0 / 6]; seq 1: +s_1 / 2
-    adv = torch.tensor([[2.0, 0.0, -1.0], [-1.0, 5.0, 5.0]], dtype=D)
-    loss, grad, _ = gspo(OLD + LOG_RATIO, OLD, adv, MASK, "sequence-token")
-    close(loss, (-S0 / 3 + S1) / 2, atol=1e-12)
-    close(grad, [[-2 * S0 / 6, 0.0, S0 / 6], [S1 / 2, 0.0, 0.0]], atol=1e-12)
-
-
-def test_sequence_level_refuses_a_token_aggregation_and_token_advantages():
-    lp = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match="agg must be 'seq-mean-token-mean'"):
-        policy_loss(lp, lp, torch.zeros(2), torch.ones(2, 3), level="sequence", agg="token-mean")
-    with pytest.raises(ValueError, match="advantages"):
-        policy_loss(lp, lp, torch.zeros(2, 3), torch.ones(2, 3), level="sequence")
-    with pytest.raises(ValueError, match="level='sequence'"):
-        config.make_config("gspo", agg="token-mean")
-
-
-def test_presets_carry_the_paper_clip_ranges():
-    for name, level in (("gspo", "sequence"), ("gspo_token", "sequence-token")):
-        cfg = config.make_config(name)
-        assert (cfg.level, cfg.eps_low, cfg.eps_high, cfg.agg) == (level, 3e-4, 4e-4, "seq-mean-token-mean")
-
-
-# --- properties ----------------------------------------------------------------------------------------------------
-@st.composite
-def batches(draw, max_b=6, max_t=7):
-    """Random (logprobs, old_logprobs, mask) with at least one valid token per row, and log-ratios in +-0.05."""
-    B, T = draw(st.integers(1, max_b)), draw(st.integers(1, max_t))
-    seed = draw(st.integers(0, 2**31 - 1))
-    g = torch.Generator().manual_seed(seed)
-    old = -torch.rand(B, T, generator=g, dtype=D) * 3
-    scale = draw(st.sampled_from([1e-4, 1e-3, 5e-2]))
-    lp = old + (torch.rand(B, T, generator=g, dtype=D) * 2 - 1) * scale
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    mask = (torch.arange(T) < lengths.unsqueeze(1)).to(D)
-    adv = torch.randn(B, generator=g, dtype=D)
-    return lp, old, mask, adv
-
-
-@settings(max_examples=60, deadline=None)
-@given(batches())
-def test_gspo_token_equals_gspo_for_per_sequence_advantages(batch):
-    lp, old, mask, adv = batch
-    loss_s, grad_s, stats_s = gspo(lp, old, adv, mask, "sequence")
-    loss_t, grad_t, stats_t = gspo(lp, old, adv, mask, "sequence-token")
-    close(loss_t, loss_s, atol=1e-12)
-    close(grad_t, grad_s, atol=1e-12)
-    assert stats_s["clip_frac"] == stats_t["clip_frac"]
-
-
-@settings(max_examples=40, deadline=None)
-@given(batches(max_b=6), st.integers(1, 5), st.sampled_from(["sequence", "sequence-token"]))
-def test_micro_batches_with_the_full_denominator_add_up_to_the_batch_loss(batch, micro, level):
-    lp, old, mask, adv = batch
-    full, grad_full, _ = gspo(lp, old, adv, mask, level)
-    n_seq = float((mask.sum(-1) > 0).sum())  # the trainer passes the whole minibatch's sequence count
-    total, grads = torch.zeros((), dtype=D), []
-    for rows in torch.arange(lp.shape[0]).split(micro):
-        part, g, _ = gspo(lp[rows], old[rows], adv[rows], mask[rows], level, denominator=n_seq)
-        total, grads = total + part, grads + [g]
-    close(total, full, atol=1e-12)
-    close(torch.cat(grads), grad_full, atol=1e-12)
-
-
-@pytest.mark.parametrize("level", ["sequence", "sequence-token"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_extreme_log_ratios_stay_finite_with_gradients_of_the_right_sign(level, dtype):
-    # mean log-ratios of +1e4 and -1e4 nats (exp would overflow). Above 20 nats the ratio is exp's tangent at 20:
-    # s = e^20 * (1 + 1e4 - 20) = 4.846800e12, finite. Below, exp itself: s = e^-1e4 = 0 (underflow).
-    # Loss = mean over 3 sequences of max(-A s, -A clip(s)); d s / d lp_t = (tangent slope e^20) / 2 tokens.
-    #   row 0, A = +1: s > 1 + eps, clipped branch -> gradient 0 (exactly 0 too).
-    #   row 0, A = -1: unclipped branch -A s -> gradient e^20 / 2 / 3 = 80860865.9 > 0 per token; the exact one,
-    #     e^1e4 / 6, is not representable but positive too (a clamp used to give 0 here).
-    #   row 1: A = +1 unclipped, gradient -e^-1e4 / 6 = -0 (underflow); A = -1 clipped at 1 - eps, 0.
-    # GSPO-token has the same gradient: it scales each token's exponent by the tangent slope over s.
-    old = torch.zeros(3, 2, dtype=dtype)
-    lp = torch.tensor([[1e4, 1e4], [-1e4, -1e4], [1e-3, 0.0]], dtype=dtype)
-    for adv, g0 in (([1.0, -1.0, 1.0], 0.0), ([-1.0, 1.0, -1.0], math.exp(20) / 6)):
-        lp_ = lp.clone().requires_grad_(True)
-        loss, stats = policy_loss(lp_, old, torch.tensor(adv, dtype=dtype), torch.ones(3, 2, dtype=dtype),
-                                  eps_low=EPS_LOW,
-                                  eps_high=EPS_HIGH, level=level, agg="seq-mean-token-mean")
-        loss.backward()
-        assert torch.isfinite(loss) and torch.isfinite(lp_.grad).all()
-        torch.testing.assert_close(lp_.grad[0].double(), torch.tensor([g0, g0], dtype=D), rtol=1e-6, atol=0)
-        assert torch.all(lp_.grad[1] == 0)
-        assert all(math.isfinite(v) for v in stats.values())
-        close(stats["ratio_max"] / (math.exp(20) * (1 + 1e4 - 20)), 1.0, atol=1e-6)
-
-
-def test_approx_kl_is_the_k3_estimate_of_kl_old_to_new():
-    # one token, log-ratio log(pi/pi_old) = 0.5: k3 = (r - 1) - log r with r = e^0.5 = 1.648721 -> 0.148721
-    # (the reversed r = e^-0.5 would give 0.106531)
-    _, stats = policy_loss(torch.tensor([[-0.5]]), torch.tensor([[-1.0]]), torch.ones(1), torch.ones(1, 1))
-    assert abs(stats["approx_kl"] - 0.148721) < 1e-6
 
 
 # --- moe: routing_change_fraction, Routes, expert_load by hand ----------------------------------------------------
@@ -235,16 +72,6 @@ def test_routing_change_fraction_refuses_mismatched_recordings():
 
 
 # --- Routing Replay on the real tiny MoE (Qwen3-MoE from transformers) --------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def moe_rollout(tok):
-    """A randomly initialised tiny MoE (default sizes: 4 layers, 8 experts, top-2) and 8 sampled completions."""
-    torch.manual_seed(0)
-    model = models.tiny_moe(tok, seed=0)
-    prompts = list(tasks.load_split("train").select(range(4))["prompt"])
-    r = rollout.generate(model, tok, prompts, group_size=2, max_new_tokens=12, record_routes=True)
-    return model, r
 
 
 class ExpertsSpy:
@@ -368,20 +195,6 @@ def test_dense_model_has_no_routers(tok):
         moe.routers(dense)
 
 
-def test_trainer_routing_replay_is_exactly_on_policy_at_the_first_update(tok):
-    # one rollout, one epoch, one minibatch (in micro-batches of 3 rows): the only update is on-policy, so every
-    # ratio is 1 to float precision when replay restores the behaviour forward's experts
-    model = models.tiny_moe(tok, seed=1)
-    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=10,
-                              num_iterations=1, num_minibatches=1, micro_batch_size=3, beta=0.0,
-                              routing_replay=True, progress=False)
-    h = rl.train_rl(model, tok, cfg, tasks.load_split("train"))
-    assert abs(h.last("ratio_min") - 1) < 1e-5 and abs(h.last("ratio_max") - 1) < 1e-5
-    with pytest.raises(ValueError, match="MoE"):
-        rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
-                         tasks.load_split("train"))
-
-
 # --- the router's load-balancing loss (off by default) -------------------------------------------------------------
 def _logits_of(probs):
     """(N, E) logits whose softmax is ``probs``."""
@@ -450,46 +263,3 @@ def test_load_balancing_loss_equals_transformers_on_the_model_own_router_logits(
     assert abs(float(ours.detach() - theirs)) < 1e-6
     ours.backward()
     assert all(float(r.weight.grad.abs().sum()) > 0 for r in moe.routers(model))
-
-
-def test_router_aux_loss_coef_is_validated_and_off_by_default(tok):
-    assert config.make_config("grpo").router_aux_loss_coef == 0.0
-    for bad in (-0.01, float("nan"), float("inf")):
-        with pytest.raises(ValueError, match="router_aux_loss_coef"):
-            config.make_config("grpo", router_aux_loss_coef=bad)
-    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4,
-                             router_aux_loss_coef=0.01, progress=False)
-    with pytest.raises(ValueError, match="TopKRouter"):  # a dense model has no router to balance
-        rl.train_rl(models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2), tok, cfg,
-                    tasks.load_split("train"))
-
-
-@pytest.mark.parametrize("micro", [None, 4])
-def test_update_adds_exactly_coef_times_the_aux_loss(tok, moe_rollout, micro):
-    # the same update with and without the switch: the objective differs by coef x the mean over equal micro-batches
-    # of their load-balancing losses, and the router weights get a different gradient
-    model0, r = moe_rollout
-    adv = torch.tensor([1.0, -1.0] * 4)
-    mb = rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
-                    completion_mask=r.completion_mask, loss_mask=r.completion_mask, old_logprobs=r.logprobs,
-                    advantages=adv)
-    out, grads = {}, {}
-    for coef in (0.0, 0.5):
-        model = models.tiny_moe(tok, seed=0)
-        model.load_state_dict(model0.state_dict())
-        cfg = config.make_config("grpo", beta=0.0, router_aux_loss_coef=coef, micro_batch_size=micro, progress=False)
-        out[coef] = rl.update_minibatch(model, torch.optim.SGD(model.parameters(), lr=0.0), mb, cfg, beta=0.0)
-        grads[coef] = moe.routers(model)[0].weight.grad.clone()
-    with torch.no_grad(), moe.capture_router_logits(model0) as logits:
-        model0(input_ids=r.input_ids, attention_mask=r.attention_mask)
-    if micro is None:
-        expected = moe.load_balancing_loss(logits, r.attention_mask, top_k=2)
-    else:  # 8 rows in micro-batches of 4: the mean of the two halves' losses
-        layers = len(logits)
-        halves = [moe.load_balancing_loss([x.view(8, -1, x.shape[-1])[rows].reshape(-1, x.shape[-1])
-                                           for x in logits[:layers]], r.attention_mask[rows], top_k=2)
-                  for rows in (slice(0, 4), slice(4, 8))]
-        expected = sum(halves) / 2
-    assert abs(out[0.5]["loss"] - out[0.0]["loss"] - 0.5 * float(expected)) < 1e-6
-    assert abs(out[0.5]["aux_loss"] - float(expected)) < 1e-6 and "aux_loss" not in out[0.0]
-    assert float((grads[0.5] - grads[0.0]).abs().max()) > 1e-6

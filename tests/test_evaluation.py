@@ -1,54 +1,17 @@
-"""Tests of the KL on language models: the true sequence KL (minirl.evaluation.sequence_kl and friends) and the loop's
-construction of a KL penalty in the reward (advantages.group_advantages_to_go)."""
+"""Tests of minirl.evaluation: the true sequence KL (sequence_kl, fresh_sample_kl) on a bigram "language model" small
+enough to enumerate and on the tiny Qwen3, and the held-out evaluation (evaluate, show_completions)."""
 
 import itertools
-import math
 from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import tiny_model
 
-from minirl import advantages, evaluation, kl, kl_toy, losses, models, rollout
+from minirl import evaluation, kl, models, rollout, tasks
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
-
-
-# --- exact_token_kl: the full-vocabulary KL at one position --------------------------------------------------------
-# paper-index: kl.exact_token_kl
-def test_exact_token_kl_hand_example():
-    # pi = [1/2, 1/2], ref = [1/4, 3/4]: 0.5 ln(0.5/0.25) + 0.5 ln(0.5/0.75) = 0.346574 - 0.202733 = 0.143841
-    logits = torch.tensor([0.5, 0.5]).log().view(1, 1, 2)
-    ref = torch.tensor([0.25, 0.75]).log().view(1, 1, 2)
-    torch.testing.assert_close(kl.exact_token_kl(logits, ref), torch.tensor([[0.143841]]), atol=1e-6, rtol=0)
-
-
-def test_exact_token_kl_temperature_scales_both_models():
-    # at temperature 2 the logits [ln 1, ln 3] become [0, ln 3 / 2]: ref = [1, sqrt 3] / (1 + sqrt 3)
-    logits = torch.zeros(1, 1, 2)
-    ref = torch.tensor([1.0, 3.0]).log().view(1, 1, 2)
-    q = torch.tensor([1.0, math.sqrt(3.0)]) / (1 + math.sqrt(3.0))
-    expected = (0.5 * (0.5 / q).log()).sum()
-    torch.testing.assert_close(kl.exact_token_kl(logits, ref, temperature=2.0), expected.view(1, 1), atol=1e-6,
-                               rtol=0)
-
-
-def test_exact_token_kl_is_zero_for_equal_and_finite_for_a_vanishing_token():
-    logits = torch.randn(2, 3, 5)
-    assert kl.exact_token_kl(logits, logits.clone()).abs().max() < 1e-6
-    # pi puts (numerically) no mass on token 0: that term is 0, not NaN
-    extreme = torch.tensor([[[-1e4, 0.0, 0.0]]])
-    out = kl.exact_token_kl(extreme, torch.zeros(1, 1, 3))
-    torch.testing.assert_close(out, torch.tensor([[math.log(1.5)]]), atol=1e-6, rtol=0)  # pi = [0, .5, .5]
-
-
-@pytest.mark.parametrize("bad", [dict(ref_logits=torch.zeros(2, 3, 4)), dict(temperature=0.0)])
-def test_exact_token_kl_rejects_bad_input(bad):
-    args = dict(logits=torch.zeros(2, 3, 5), ref_logits=torch.zeros(2, 3, 5), temperature=1.0) | bad
-    with pytest.raises(ValueError, match="ref_logits|temperature"):
-        kl.exact_token_kl(**args)
-    with pytest.raises(ValueError, match=r"\(B, T, V\)"):
-        kl.exact_token_kl(torch.zeros(2, 5), torch.zeros(2, 5))
 
 
 # --- sequence_kl on a bigram "language model" small enough to enumerate ---------------------------------------------
@@ -184,63 +147,47 @@ def test_fresh_sample_kl_scores_the_same_samples_when_given_answers(tiny_pair):
                                    answers=["3"])
 
 
-# --- the trainer's KL-in-reward construction gives the reverse-KL gradient ---------------------------------------
-def _two_token_groups(theta1, theta2, ref1, ref2, G):
-    """Every group of G two-token sequences (K = 3 tokens): (probability of the group, logp (G, 2), ref (G, 2))."""
-    K = theta1.shape[0]
-    seqs = list(itertools.product(range(K), repeat=2))
-    lp1, lp2 = theta1.log_softmax(-1), theta2.log_softmax(-1)
-    rp1, rp2 = ref1.log_softmax(-1), ref2.log_softmax(-1)
-    for group in itertools.product(seqs, repeat=G):
-        logp = torch.stack([torch.stack([lp1[a], lp2[a, b]]) for a, b in group])  # (G, 2)
-        ref = torch.stack([torch.stack([rp1[a], rp2[a, b]]) for a, b in group])  # (G, 2)
-        yield logp.sum().exp().detach(), logp, ref
+# --- held-out evaluation: evaluate, show_completions ------------------------------------------------------------------
+def test_evaluate_is_repeatable_and_leaves_the_rng_alone(tok):
+    model = tiny_model(tok)
+    data = tasks.load_split("test").select(range(6))
+    state = torch.get_rng_state()
+    a = evaluation.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    assert torch.equal(torch.get_rng_state(), state)  # evaluating does not change the course of training
+    b = evaluation.evaluate(model, tok, data, max_new_tokens=8, temperature=1.0, samples_per_prompt=2, batch_size=4)
+    assert a == b
+    assert a["n"] == 12 and set(a) >= {"accuracy", "format_rate", "mean_length", "truncated_rate", "n"}
+    assert 0 <= a["accuracy"] <= a["format_rate"] <= 1 and 1 <= a["mean_length"] <= 8
+    g = evaluation.evaluate(model, tok, data, max_new_tokens=8, greedy=True, samples_per_prompt=5)
+    assert g["n"] == 6  # greedy takes one completion per prompt
 
 
-@pytest.mark.parametrize("G", [2, 3])
-def test_k1_in_the_reward_through_group_advantages_to_go_is_the_reverse_kl_gradient(G):
-    # The trainer's construction: penalties beta*k1 (detached) -> group_advantages_to_go -> policy_loss at ratio 1.
-    # With equal task scores the task part is 0, and in expectation over whole groups the gradient is
-    # beta * (G - 1) / G * grad KL(pi || ref) over sequences: the group-mean baseline includes the sample itself,
-    # which shrinks it by (G - 1) / G (exactly as GRPO's task advantages), but does not change its direction.
-    g = torch.Generator().manual_seed(0)
-    theta1, theta2 = torch.randn(3, generator=g, dtype=D), torch.randn(3, 3, generator=g, dtype=D)
-    ref1, ref2 = torch.randn(3, generator=g, dtype=D), torch.randn(3, 3, generator=g, dtype=D)
-    beta = 0.5
-    t1, t2 = theta1.clone().requires_grad_(True), theta2.clone().requires_grad_(True)
-    total = 0.0
-    for p_group, logp, ref in _two_token_groups(t1, t2, ref1, ref2, G):
-        mask = torch.ones(G, 2, dtype=D)
-        penalties = beta * kl.k1(logp.detach(), ref)  # (G, 2)
-        A = advantages.group_advantages_to_go(torch.zeros(G, dtype=D), penalties, mask, G)
-        loss, _ = losses.policy_loss(logp, logp.detach(), A, mask, agg="seq-mean-token-sum")
-        total = total + p_group * loss
-    g1, g2 = torch.autograd.grad(total, (t1, t2))
-    true1, true2 = kl_toy.sequence_kl_gradients(theta1, theta2, ref1, ref2)["true"]
-    torch.testing.assert_close(g1, beta * (G - 1) / G * true1, atol=1e-6, rtol=0)  # advantages are float32
-    torch.testing.assert_close(g2, beta * (G - 1) / G * true2, atol=1e-6, rtol=0)
+def test_evaluate_standard_error_over_prompts_by_hand(tok):
+    """A reward that depends only on the prompt: prompt 0 always right, prompt 1 always wrong, 2 samples each.
+    Over completions the scores are [1, 1, 0, 0]: std (n - 1) = sqrt(1/3) = 0.57735, SE = 0.57735 / 2 = 0.28868.
+    Over prompts the means are [1, 0]: std = sqrt(1/2) = 0.70711, SE = 0.70711 / sqrt(2) = 0.5, the honest one,
+    because a prompt's two completions carry one prompt's worth of information."""
+    data = tasks.load_split("test").select(range(2))
+    first = data["prompt"][0]
+
+    def by_prompt(prompts, completions, **kw):
+        return [1.0 if p == first else 0.0 for p in prompts]
+
+    out = evaluation.evaluate(tiny_model(tok), tok, data, max_new_tokens=4, samples_per_prompt=2, reward_fn=by_prompt)
+    assert out["accuracy"] == 0.5
+    assert out["accuracy_stderr"] == pytest.approx(3 ** -0.5 / 2, abs=1e-6)
+    assert out["accuracy_stderr_prompts"] == pytest.approx(0.5, abs=1e-6)
 
 
-# paper-index: advantages.group_advantages_to_go
-def test_group_advantages_to_go_hand_example():
-    # scores [1, 0], G = 2, scale "none": task part [0.5, -0.5]
-    # penalty-to-go C = [[0.3, 0.2], [0.1, 0.1]], group mean of C_0 = (0.3 + 0.1) / 2 = 0.2
-    # A = [[0.5 - (0.3 - 0.2), 0.5 - (0.2 - 0.2)], [-0.5 - (0.1 - 0.2), -0.5 - (0.1 - 0.2)]]
-    #   = [[0.4, 0.5], [-0.4, -0.4]]
-    A = advantages.group_advantages_to_go(torch.tensor([1.0, 0.0]), torch.tensor([[0.1, 0.2], [0.0, 0.1]]),
-                                          torch.ones(2, 2), 2, scale="none")
-    torch.testing.assert_close(A, torch.tensor([[0.4, 0.5], [-0.4, -0.4]]))
-
-
-def test_group_advantages_to_go_masks_padding_and_keeps_the_penalty_of_equal_groups():
-    # equal scores: the task part is exactly 0, the KL part still acts; padding is ignored and returned as 0
-    # C = [[0.3, 0.1, 0], [0.2, 0, 0]] (row 0's padded 5.0 is masked), mean C_0 = 0.25
-    penalties = torch.tensor([[0.2, 0.1, 5.0], [0.2, 0.0, 0.0]])
-    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    A = advantages.group_advantages_to_go(torch.tensor([1.0, 1.0]), penalties, mask, 2)
-    torch.testing.assert_close(A, torch.tensor([[-0.05, 0.15, 0.0], [0.05, 0.0, 0.0]]))
-
-
-def test_group_advantages_to_go_rejects_bad_scores_shape():
-    with pytest.raises(ValueError, match="scores"):
-        advantages.group_advantages_to_go(torch.zeros(3), torch.zeros(2, 4), torch.ones(2, 4), 2)
+def test_show_completions_gives_each_model_the_same_prompts_and_scores_them(tok, capsys):
+    rows = tasks.load_split("test").select(range(2))
+    a, b = tiny_model(tok, seed=0), tiny_model(tok, seed=1)
+    out = evaluation.show_completions({"a": a, "b": b}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
+    assert [r["model"] for r in out] == ["a"] * 4 + ["b"] * 4
+    assert [r["prompt"] for r in out[:4]] == [rows[0]["prompt"]] * 2 + [rows[1]["prompt"]] * 2
+    answer = {row["prompt"]: row["answer"] for row in rows}
+    for r in out:  # the reward is the task's score of the completion shown
+        assert r["reward"] == float(tasks.score(r["completion"], answer[r["prompt"]]).correct)
+    assert len(capsys.readouterr().out.strip().splitlines()) == 8
+    again = evaluation.show_completions({"a": a}, tok, rows, max_new_tokens=6, samples_per_prompt=2)
+    assert [r["completion"] for r in again] == [r["completion"] for r in out[:4]]  # seeded: repeatable

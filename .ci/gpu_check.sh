@@ -3,10 +3,10 @@
 # The GPU check: on a fresh CUDA machine with no network, install what minirl needs from carried wheels, then run the
 # gpu profile's bench, the main job and notebooks 02 and 05 (nbval), each timed and bounded, and print their figures.
 #
-#   here, once:   bash tests/gpu_wheels.sh          # fills .gpu-wheels/ (git-ignored, ~20 MiB) for Python 3.12
-#   there:        bash tests/gpu_check.sh           # with .gpu-wheels carried along; about 6 minutes at most
+#   here, once:   bash .ci/gpu_wheels.sh          # fills .gpu-wheels/ (git-ignored, ~20 MiB) for Python 3.12
+#   there:        bash .ci/gpu_check.sh           # with .gpu-wheels carried along; about 6 minutes at most
 #   dry run here: GPU_CHECK_PROFILE=cpu GPU_CHECK_TRAIN_STEPS=4 GPU_CHECK_BENCH_REPEATS=1 GPU_CHECK_BUDGET_SCALE=4 \
-#                 GPU_CHECK_PYTHON=/path/to/throwaway-venv/bin/python bash tests/gpu_check.sh
+#                 GPU_CHECK_PYTHON=/path/to/throwaway-venv/bin/python bash .ci/gpu_check.sh
 #
 # GPU_CHECK_COMMIT names the commit in the log where the tree that travels has no .git.
 # GPU_CHECK_ONLY="install imports ..." runs only the parts it names (a rerun of some parts, or the dry run of one).
@@ -82,19 +82,19 @@ part() {
 
 part install "
     set -e
-    want=\$(cat '$WHEELS/PYTHON_VERSION' 2>/dev/null || { echo 'no $WHEELS/PYTHON_VERSION: run tests/gpu_wheels.sh here first and carry $WHEELS' >&2; exit 1; })
+    want=\$(cat '$WHEELS/PYTHON_VERSION' 2>/dev/null || { echo 'no $WHEELS/PYTHON_VERSION: run .ci/gpu_wheels.sh here first and carry $WHEELS' >&2; exit 1; })
     have=\$('$PY' -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])')
     if [ \"\$want\" != \"\$have\" ]; then
-        echo \"the wheels in $WHEELS are for Python \$want, this python is \$have: rerun tests/gpu_wheels.sh with GPU_WHEELS_PYTHON=\$have\" >&2
+        echo \"the wheels in $WHEELS are for Python \$want, this python is \$have: rerun .ci/gpu_wheels.sh with GPU_WHEELS_PYTHON=\$have\" >&2
         exit 1
     fi
     echo \"wheels for Python \$want; this python: \$have (\$('$PY' -c 'import sys; print(sys.executable)'))\"
-    files=\$('$PY' tests/gpu_check.py plan '$WHEELS')
+    files=\$('$PY' .ci/gpu_check.py plan '$WHEELS')
     if [ -n \"\$files\" ]; then
         '$PY' -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --no-warn-script-location \$files
     fi
     '$PY' -m pip install --quiet --no-index --no-deps --no-build-isolation --no-cache-dir -e .
-    '$PY' tests/gpu_check.py verify '$WHEELS'
+    '$PY' .ci/gpu_check.py verify '$WHEELS'
 "
 
 part imports "
@@ -139,7 +139,7 @@ part nb05 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/05_*.ipy
 for f in parts.tsv bench.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$RESULTS/$f"; done
 for f in summary.json metrics.jsonl curves.png; do [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/train_$f"; done
 echo
-"$PY" tests/gpu_check.py summary "$WORK"
+"$PY" .ci/gpu_check.py summary "$WORK"
 rc=$?
 echo "gpu_check: wall time $(awk -v t0="$T0" -v now="$(date +%s.%N)" 'BEGIN {printf "%.0f", now - t0}') s; results in $RESULTS"
 exec 1>&- 2>&-

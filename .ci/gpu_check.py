@@ -1,8 +1,8 @@
-"""Helper of tests/gpu_check.sh (standard library only, plus ``packaging``, which pip always carries).
+"""Helper of .ci/gpu_check.sh (standard library only, plus ``packaging``, which pip always carries).
 
-    python tests/gpu_check.py plan WHEEL_DIR     # print the wheels to install: those the environment lacks
-    python tests/gpu_check.py verify WHEEL_DIR   # every shipped package's requirements met? exit 1 if one is absent
-    python tests/gpu_check.py summary WORK_DIR   # the closing block of figures, from the parts' files
+    python .ci/gpu_check.py plan WHEEL_DIR     # print the wheels to install: those the environment lacks
+    python .ci/gpu_check.py verify WHEEL_DIR   # every shipped package's requirements met? exit 1 if one is absent
+    python .ci/gpu_check.py summary WORK_DIR   # the closing block of figures, from the parts' files
 
 A wheel is installed only where the environment lacks its package, or where the environment's version breaks a
 requirement of another shipped package and the shipped wheel meets it; packages that torch or transformers need

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Fill .gpu-wheels/ (git-ignored) with the wheels of tests/gpu_wheels.txt for the GPU machine's Python, here where
-# pip reaches the package index; tests/gpu_check.sh installs them there, where nothing can be fetched.
-#   bash tests/gpu_wheels.sh                      # for the GPU image's Python (3.12)
-#   GPU_WHEELS_PYTHON=3.11 GPU_WHEELS_DIR=/tmp/w bash tests/gpu_wheels.sh   # another Python (the CPU dry run)
-# Then, on the device: run "bash tests/gpu_check.sh" with carry [".gpu-wheels"].
+# Fill .gpu-wheels/ (git-ignored) with the wheels of .ci/gpu_wheels.txt for the GPU machine's Python, here where
+# pip reaches the package index; .ci/gpu_check.sh installs them there, where nothing can be fetched.
+#   bash .ci/gpu_wheels.sh                      # for the GPU image's Python (3.12)
+#   GPU_WHEELS_PYTHON=3.11 GPU_WHEELS_DIR=/tmp/w bash .ci/gpu_wheels.sh   # another Python (the CPU dry run)
+# Then, on the device: run "bash .ci/gpu_check.sh" with carry [".gpu-wheels"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYVER="${GPU_WHEELS_PYTHON:-3.12}"   # the GPU image's python3 is 3.12.3 (device KINDS.md, read 2026-11)
 DIR="${GPU_WHEELS_DIR:-.gpu-wheels}"
 MAX_MIB=24                          # the working tree (~22 MB) and the wheels must stay under the 64 MiB a run sends
-LIST=tests/gpu_wheels.txt
+LIST=.ci/gpu_wheels.txt
 PIP="${PIP:-python3 -m pip}"
 
 echo "gpu_wheels: wheels of $LIST for CPython $PYVER, manylinux x86_64, into $DIR"

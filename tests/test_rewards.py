@@ -1,10 +1,13 @@
-"""TRL 1.16's reward contract, as minirl keeps it (issue 23).
+"""Tests of minirl.rewards: reward functions in TRL's form (score_completions), DAPO's overlong shaping and PPO's
+token-level rewards.
 
-A reward function is called by name with ``prompts``, ``completions``, ``completion_ids`` and the dataset's other
-columns (plus ``trainer_state`` and ``log_metric`` in the RL loop). ``None`` for a row means "does not apply": it is
-left out of that function's weighted sum; a row None for every function is warned about, is NaN, is left out of its
-group's mean and std and gets advantage 0, the same numbers as TRL's nanmean / nanstd / nan_to_num. NaN, inf, a
-non-number or a wrong count is an error naming the function (and the row).
+TRL 1.16's reward contract, as minirl keeps it (issue 23). A reward function is called by name with ``prompts``,
+``completions``, ``completion_ids`` and the dataset's other columns (plus ``trainer_state`` and ``log_metric`` in the
+RL loop). ``None`` for a row means "does not apply": it is left out of that function's weighted sum; a row None for
+every function is warned about, is NaN, is left out of its group's mean and std and gets advantage 0, the same
+numbers as TRL's nanmean / nanstd / nan_to_num. NaN, inf, a non-number or a wrong count is an error naming the
+function (and the row). (The advantages of unscored rows are tested in test_advantages.py, the loop around them in
+test_rl.py.)
 
 The examples of TRL's documentation run here unchanged: "Using a custom reward function", examples 1.1, 3 and 4 of
 docs/source/grpo_trainer.md (TRL 1.16), and the two plain-text functions of ``trl.rewards``
@@ -21,14 +24,19 @@ import math
 import os
 import re
 import warnings
+from functools import partial
 
 import datasets
+import helpers
 import pytest
 import torch
 
-from minirl import config, models, rewards, rl, sampling, tasks
-from minirl.advantages import group_advantages
+from minirl import config, models, rewards, tasks
 from minirl.tokenizer import build_tokenizer
+
+D = torch.float64
+close = partial(helpers.close, atol=1e-7, dtype=D)
+close_5e7 = partial(helpers.close, atol=5e-7)
 
 
 # ------------------------------------------------------------------------------------------------ TRL's doc examples
@@ -196,70 +204,6 @@ def test_no_warning_when_every_row_is_scored():
     assert out.tolist() == [3.0, 1.0]  # each row scored by one function
 
 
-def test_unscored_rows_in_group_advantages_by_hand():
-    """[1, 0, NaN, 0]: mean 1/3 over the 3 scored rows, centred [2/3, -1/3, -, -1/3], unbiased std
-    sqrt((4/9 + 1/9 + 1/9) / 2) = sqrt(1/3) = 0.57735; the unscored row gets 0."""
-    r = torch.tensor([1.0, 0.0, math.nan, 0.0])
-    a = group_advantages(r, 4, scale="group")
-    s = 3 ** -0.5 + 1e-4
-    torch.testing.assert_close(a, torch.tensor([2 / 3 / s, -1 / 3 / s, 0.0, -1 / 3 / s]))
-    # scale "none": centred only; a group with one scored row (no baseline) and one with none: all 0
-    torch.testing.assert_close(group_advantages(r, 4, scale="none"), torch.tensor([2 / 3, -1 / 3, 0.0, -1 / 3]))
-    assert group_advantages(torch.tensor([1.0, math.nan, math.nan, math.nan, math.nan] * 1 + [math.nan] * 3),
-                            4, scale="group").tolist() == [0.0] * 8
-
-
-@pytest.mark.parametrize("scale", ["group", "batch", "none"])
-def test_unscored_rows_match_trls_advantage_formula(scale):
-    """TRL 1.16 (multi_objective_aggregation="sum_then_normalize"): nanmean per group, trl's nanstd (per group or
-    of the batch), (r - mean) / (std + 1e-4), then nan_to_num(0). Same numbers on random rewards with NaN rows,
-    groups with one or no scored row included (TRL: std NaN -> advantage 0; minirl: no baseline -> 0)."""
-    pytest.importorskip("trl")
-    from trl.trainer.utils import nanstd
-
-    g = torch.Generator().manual_seed(0)
-    G = 4
-    r = torch.randn(40, generator=g)
-    r[torch.rand(40, generator=g) < 0.3] = math.nan
-    r[8:11] = math.nan  # a group with one scored row
-    r[12:16] = math.nan  # a group with none
-    grouped = r.view(-1, G)
-    mean = torch.nanmean(grouped, dim=1).repeat_interleave(G)
-    std = (nanstd(grouped, dim=1).repeat_interleave(G) if scale != "batch" else nanstd(r).expand_as(r))
-    trl_adv = r - mean if scale == "none" else (r - mean) / (std + 1e-4)
-    trl_adv = torch.nan_to_num(trl_adv, nan=0.0)
-    torch.testing.assert_close(group_advantages(r, G, scale=scale), trl_adv, atol=1e-6, rtol=1e-6)
-
-
-def test_unscored_rows_match_trls_rloo_formula():
-    """TRL 1.16's RLOOTrainer: the leave-one-out baseline over scorable siblings only, (nansum - r) / (count - 1),
-    A = r - baseline, then nan_to_num(0) (a lone scored row's 0 / 0 and every unscored row give 0). Same numbers as
-    advantages.rloo_advantages on random rewards with NaN rows."""
-    from minirl.advantages import rloo_advantages
-
-    g = torch.Generator().manual_seed(1)
-    G = 4
-    r = torch.randn(40, generator=g)
-    r[torch.rand(40, generator=g) < 0.3] = math.nan
-    r[8:11] = math.nan  # a group with one scored row
-    r[12:16] = math.nan  # a group with none
-    grouped = r.view(-1, G)
-    count = (~torch.isnan(grouped)).sum(dim=1, keepdim=True)
-    baseline = (torch.nansum(grouped, dim=1, keepdim=True) - grouped) / (count - 1)
-    trl_adv = torch.nan_to_num((grouped - baseline).view(-1), nan=0.0)
-    torch.testing.assert_close(rloo_advantages(r, group_size=G), trl_adv, atol=1e-6, rtol=1e-6)
-
-
-def test_unscored_rows_and_has_signal():
-    nan = math.nan
-    r = torch.tensor([1, 0, 1, 1, 1, 1, 1, nan, 0, 1, nan, nan, nan, nan, nan])
-    # differ | all equal | two scored rows that differ | one scored row | none scored
-    assert sampling.has_signal(r, 3).tolist() == [True, False, True, False, False]
-    # consistent with the advantages: a group has signal exactly when one of its advantages is non-zero
-    nonzero = group_advantages(r, 3).view(-1, 3).ne(0).any(1)
-    assert torch.equal(sampling.has_signal(r, 3), nonzero)
-
-
 # ------------------------------------------------------------------------------------------------ bad values
 @pytest.mark.parametrize("bad, text", [(math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")])
 def test_nan_and_inf_are_errors_naming_the_function_and_the_row(bad, text):
@@ -287,59 +231,64 @@ def test_a_wrong_length_is_an_error_naming_the_function():
         rewards.score_completions(short, ["p", "q"], ["a", "b"])
 
 
-def test_inf_reward_tensor_is_rejected_by_group_advantages():
-    with pytest.raises(ValueError, match="rewards must be finite"):
-        group_advantages(torch.tensor([1.0, math.inf]), 2)
+# --- overlong reward shaping (DAPO eq. 13) ---------------------------------------------------------------------------
+# paper-index: rewards.overlong_penalty
+def test_overlong_penalty_acceptance_values():
+    # max_len 20, cache 4: the ramp starts after 20 - 4 = 16 tokens: (16 - |y|) / 4 for 16 < |y| <= 20, -1 beyond
+    lengths = torch.tensor([15, 16, 17, 18, 19, 20, 21])
+    close(rewards.overlong_penalty(lengths, max_len=20, cache_len=4), [0, 0, -0.25, -0.5, -0.75, -1.0, -1.0])
 
 
-# ------------------------------------------------------------------------------------------------ in the loop
-@pytest.mark.parametrize("algo", ["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"])
-def test_train_rl_passes_the_contract_and_trains_around_unscored_rows(algo):
-    """One step of each outcome estimator (RLOO and REINFORCE++ raised here before; issue 35, defect 4): the
-    reward function gets completion_ids (the ids up to EOS, matching the texts), the
-    dataset column, trainer_state (global_step 0 of max_steps 1) and log_metric (logged in the History row);
-    it returns None for the prompts of task "skip", which are unscored (warned, advantage 0), and the step is
-    finite and moves the policy."""
-    tok = build_tokenizer()
-    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
-    before = [p.clone() for p in model.parameters()]
-    seen = {}
-
-    def multi_task(prompts, completions, completion_ids, task, trainer_state, log_metric, **_):
-        seen.update(ids=completion_ids, completions=completions, step=trainer_state.global_step,
-                    max_steps=trainer_state.max_steps)
-        log_metric("my_metric", 2.5)
-        return [None if t == "skip" else c.count("1") / max(len(c), 1) for c, t in zip(completions, task, strict=True)]
-
-    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="], "task": ["count", "skip"]})
-    cfg = config.make_config(algo, steps=1, prompts_per_step=4, group_size=4, max_new_tokens=8, lr=1e-3,
-                             progress=False, seed=0)
-    with pytest.warns(UserWarning, match="every reward function returned None"):
-        h = rl.train_rl(model, tok, cfg, data, reward_fn=multi_task)
-    assert (seen["step"], seen["max_steps"]) == (0, 1)
-    assert [tok.decode(ids, skip_special_tokens=True) for ids in seen["ids"]] == seen["completions"]
-    row = h.rows[-1]
-    assert row["my_metric"] == 2.5 and row["unscored"] % 4 == 0 and row["unscored"] > 0
-    assert math.isfinite(row["loss"]) and math.isfinite(row["reward"])
-    assert all(torch.isfinite(p).all() for p in model.parameters())
-    assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
+def test_overlong_penalty_bounds_and_errors():
+    p = rewards.overlong_penalty(torch.arange(0, 50), max_len=32, cache_len=8)
+    assert p.max() == 0.0 and p.min() == -1.0 and bool((p[1:] <= p[:-1]).all())  # in [-1, 0], non-increasing
+    with pytest.raises(ValueError, match="cache_len"):
+        rewards.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=5)
+    with pytest.raises(ValueError, match="cache_len"):
+        rewards.overlong_penalty(torch.tensor([3]), max_len=4, cache_len=0)
+    with pytest.raises(ValueError, match="lengths"):
+        rewards.overlong_penalty(torch.tensor([[3]]), max_len=4, cache_len=2)
 
 
-def test_ppo_with_unscored_rows_is_an_error():
-    tok = build_tokenizer()
-    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
-    data = datasets.Dataset.from_dict({"prompt": ["1+2="]})
-    cfg = config.make_config("ppo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, progress=False)
-    with pytest.warns(UserWarning), pytest.raises(ValueError, match="PPO's critic needs a reward"):
-        rl.train_rl(model, tok, cfg, data, reward_fn=lambda prompts, completions, **_: [None] * len(prompts))
+# -------------------------------------------------------------------------------------------- token-level rewards (PPO)
+def test_token_level_rewards_refuses_a_mask_that_is_not_a_prefix():
+    # [1, 0, 1] sums to 2, so the score would land on position 1, a masked token
+    with pytest.raises(ValueError, match=r"mask must be a prefix of ones.*row 0"):
+        rewards.token_level_rewards(torch.tensor([1.0]), torch.tensor([[1, 0, 1]]))
 
 
-def test_overlong_shaping_scores_an_unscored_row_as_trl_does():
-    """In TRL the overlong penalty is one more reward function, so a row None for the task is not None for
-    every function: its reward is the penalty alone (nansum). max_len 20, cache 4: lengths 18 and 20 ->
-    -0.5 and -1; task scores [1, None] -> [1 - 0.5, 0 - 1] = [0.5, -1.0]."""
-    from types import SimpleNamespace
+def test_token_level_rewards_put_the_score_on_the_last_valid_token():
+    scores = torch.tensor([1.0, 0.5, 2.0])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+    close_5e7(rewards.token_level_rewards(scores, mask).double(), [[0, 0, 1.0], [0.5, 0, 0], [0, 0, 0]])
+    with pytest.raises(ValueError, match="scores"):
+        rewards.token_level_rewards(torch.tensor([1.0, 0.5]), mask)
+    with pytest.raises(ValueError, match="mask"):
+        rewards.token_level_rewards(scores, torch.ones(3))
 
-    cfg = config.make_config("dapo", max_new_tokens=20, overlong_cache_len=4)
-    batch = SimpleNamespace(lengths=torch.tensor([18.0, 20.0]), completion_mask=torch.ones(2, 20))
-    assert rl.shape_rewards(torch.tensor([1.0, math.nan]), batch, cfg).tolist() == [0.5, -1.0]
+
+# --- reward functions in TRL's form ---------------------------------------------------------------------------------
+# paper-index: rewards.score_completions
+def test_score_completions_weights_and_columns_by_hand():
+    def exact(prompts, completions, answer, **_):
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    def length(prompts, completions, **_):
+        return [len(c) / 10 for c in completions]
+
+    out = rewards.score_completions([exact, length], ["p", "q"], ["12", "7"], columns={"answer": ["12", "8"]},
+                                    weights=[1.0, 2.0])
+    # [1 + 2 * 0.2, 0 + 2 * 0.1] = [1.4, 0.2]
+    torch.testing.assert_close(out, torch.tensor([1.4, 0.2]))
+
+
+def test_bad_reward_values_are_errors_naming_the_function():
+    def wordy(prompts, completions, **_):
+        return [1.0, "yes"]
+
+    with pytest.raises(ValueError, match=r"wordy returned 'yes' at completion 1"):
+        rewards.score_completions(wordy, ["p", "q"], ["a", "b"])
+    with pytest.raises(ValueError, match="returned 1 values for 2 completions"):
+        rewards.score_completions(lambda prompts, completions, **_: [1.0], ["p", "q"], ["a", "b"])
+    with pytest.raises(ValueError, match="one weight per function"):
+        rewards.score_completions([wordy], ["p"], ["a"], weights=[1.0, 2.0])
