@@ -1,4 +1,5 @@
-"""The paper index of README.md, generated from the ``Source:`` lines of minirl's docstrings.
+"""The paper index (notebooks/paper_index.md, and a page of the book), generated from the ``Source:`` lines of
+minirl's docstrings.
 
 One row per (paper, equation, function): every entry of a ``Source:`` line (entries are separated by ";" or by a
 sentence) is split into the paper it names and the equations or sections it cites, so a function that implements
@@ -10,8 +11,8 @@ not papers, and README.md's name table (minirl | TRL | verl) holds them. Rows ar
     def test_aggregate_docstring_example():
 
 (several functions may share one marker line, separated by spaces), and to the first notebook code cell that uses
-it. ``python tests/paper_index.py`` rewrites the section between the markers in README.md;
-``tests/test_package.py::test_the_readme_paper_index_is_up_to_date`` fails when the README's section is stale, and
+it. ``python tests/paper_index.py`` rewrites the section between the markers in notebooks/paper_index.md (README.md
+links to it); ``tests/test_package.py::test_the_paper_index_is_up_to_date`` fails when that section is stale, and
 ``test_every_indexed_function_has_a_marked_test_that_calls_it`` when a function has no marked test or a marker names a
 test that never mentions its function.
 """
@@ -189,13 +190,21 @@ def section() -> str:
     return f"{BEGIN}\n{table()}\n{END}"
 
 
-def readme_section(text: str) -> str:
+def stored_section(text: str) -> str:
     start, end = text.index(BEGIN), text.index(END) + len(END)
     return text[start:end]
 
 
+#: Where the index is stored: beside the lessons, so its notebook links are relative to notebooks/.
+INDEX = ROOT / "notebooks" / "paper_index.md"
+
+
+def stored_text() -> str:
+    """The section as notebooks/paper_index.md holds it: the table, its notebook links relative to that folder."""
+    return section().replace("](notebooks/", "](")
+
+
 if __name__ == "__main__":
-    readme = ROOT / "README.md"
-    text = readme.read_text()
-    readme.write_text(text.replace(readme_section(text), section()))
-    print(f"wrote {len(rows())} rows ({len(sources())} functions) into README.md", file=sys.stderr)
+    text = INDEX.read_text()
+    INDEX.write_text(text.replace(stored_section(text), stored_text()))
+    print(f"wrote {len(rows())} rows ({len(sources())} functions) into {INDEX.relative_to(ROOT)}", file=sys.stderr)

@@ -325,8 +325,8 @@ def paper_index_page(documented: dict[str, str]) -> str:
     """The paper index (paper -> equation -> function -> test -> notebook cell): a section per paper, so a paper
     can be linked and found by search, each function linked to the book page that documents it."""
     lines = ["# Paper index", "", "*Generated from the `Source:` lines of minirl's docstrings by "
-             "`tests/paper_index.py`, the same rows as README.md's index: for each paper, the equation, the minirl "
-             "function that implements it, the test that checks it and the first notebook cell that uses it.*"]
+             "`tests/paper_index.py`, the rows of notebooks/paper_index.md: for each paper, the equation, the "
+             "minirl function that implements it, the test that checks it and the first notebook cell that uses it.*"]
     paper_now = None
     for paper, eq, fn, test, cell in paper_index.rows():
         if paper != paper_now:
