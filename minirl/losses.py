@@ -508,7 +508,8 @@ def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     pessimistic = torch.where(a > 0, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))  # (B, T)
     mean_log = zero_outside(pessimistic, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
     weight = exp_linear_above(mean_log, LOG_RATIO_LINEAR_ABOVE)  # (B,) geometric mean of the clipped ratios
-    loss = _sequence_mean(-advantages * weight, has_tokens, denominator)  # per sequence: -A_i * weight_i
+    per_seq = -advantages * weight  # (B,)
+    loss = _sequence_mean(per_seq, has_tokens, denominator)
     ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE).detach()  # (B, T) token ratios, for the stats
     a_tok = a.expand(B, T)
     stats = _ratio_stats(ratio, a_tok, mask, PPO_BAND, PPO_BAND)
