@@ -17,4 +17,7 @@ def build(out: Path | str = BOOK / "_build" / "html", *extra: str) -> int:
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__)  # Sphinx would take "--help" for the output folder
+        sys.exit(0)
     sys.exit(build(*sys.argv[1:]))
