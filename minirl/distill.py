@@ -38,7 +38,7 @@ float32 chunked loss to 1e-6; ``reverse_kl_reward`` at gamma = 0 vs ``IWOPDTrain
   reward only; Thinking Machines, "On-Policy Distillation", 2025), which is not "no discounting" (gamma = 1, the exact
   sequence-KL gradient). ``rewards_to_go`` takes either; the enumeration shows what each one's gradient is.
 
-``trl_equivalent`` maps each objective to TRL 1.16's settings, or refuses it with the reason.
+``interop.distill_trl_kwargs`` maps each objective to TRL 1.16's settings, or refuses it with the reason.
 """
 
 from __future__ import annotations
@@ -277,59 +277,3 @@ def mixed_reward(logprobs: Tensor, teacher_logprobs: Tensor, scores: Tensor, mas
     last = torch.nn.functional.one_hot((n_valid - 1).clamp(min=0), mask.shape[1]) * (n_valid > 0)[:, None]  # (B, T)
     task = torch.where(last > 0, scores.detach()[:, None].to(logprobs.dtype), 0.0)  # (B, T); others never read
     return kl_coef * reverse_kl_reward(logprobs, teacher_logprobs, mask) + task
-
-
-# ---------------------------------------------------------------------------------------------- the map to TRL 1.16
-#: Each objective of this module in TRL 1.16: the trainer and settings that compute the same loss. Read by
-#: ``trl_equivalent``; ``tests/test_distill.py`` checks the loss equalities on shared inputs.
-TRL_1_16 = {
-    "full_reverse_kl": ("trl.DistillationTrainer", {"beta": 1.0, "temperature": 1.0}),
-    "generalized_jsd": ("trl.DistillationTrainer", {"beta": None, "temperature": 1.0}),  # beta: the caller's
-    "reverse_kl_reward": ("trl.experimental.iw_opd.IWOPDTrainer",
-                          {"distillation_objective": "iw_opd", "iw_opd_gamma": 0.0, "lmbda": 1.0, "temperature": 1.0}),
-    "sft_nll": ("trl.SFTTrainer", {"completion_only_loss": True}),  # on a dataset of the teacher's completions
-}
-#: What TRL 1.16 cannot compute, and why.
-TRL_1_16_REFUSED = {
-    "reward_to_go": "no TRL 1.16 distillation trainer adds a token's future teacher rewards to its own (gamma > 0): "
-                    "IW-OPD, like Tinker, grades each token by its own reward (gamma = 0); IWOPDConfig.iw_opd_gamma is "
-                    "a weight on the token's position, not a discount",
-    "mixed_reward": "no TRL 1.16 trainer takes a teacher and a task reward together: DistillationTrainer, GKDTrainer "
-                    "and IWOPDTrainer take no reward function, and GRPOTrainer's KL (beta) is to a reference it builds "
-                    "from the student's own weights, as k3 in the loss (the forward KL's gradient), not to a teacher",
-}
-
-
-def trl_equivalent(objective: str, *, beta: float | None = None, gamma: float = 0.0) -> tuple[str, dict]:
-    """The TRL 1.16 trainer and settings that compute ``objective``'s loss, or NotImplementedError with the reason.
-
-    - ``full_reverse_kl`` / ``generalized_jsd``: ``DistillationTrainer`` with ``beta`` (1.0 for the reverse KL) and
-      the temperature it samples at; its loss is the token-mean of the per-position divergence
-      (``losses.aggregate(..., "token-mean")``). ``GKDTrainer`` (experimental) computes the same loss with
-      ``lmbda=1.0`` (always on-policy), but at temperature 1.0 whatever ``GKDConfig.temperature`` samples at.
-    - ``reverse_kl_reward`` with gamma = 0 (``rewards_to_go``'s discount; each token its own reward): ``IWOPDTrainer``
-      (experimental) with ``iw_opd_gamma=0.0``: its loss is the token-mean of -sg[log q - log p] log p, the REINFORCE
-      loss of this reward. Refused for gamma > 0.
-    - ``sft_nll``: ``SFTTrainer`` on the teacher's completions, sampled beforehand. ``GKDTrainer(seq_kd=True,
-      lmbda=0.0, beta=0.0)`` is its full-vocabulary relative: the forward KL on teacher samples, the same expected
-      gradient, a different loss value (it lacks the teacher's entropy) and less variance.
-
-    Example: ``trl_equivalent("generalized_jsd", beta=0.5)`` -> ("trl.DistillationTrainer", {"beta": 0.5,
-    "temperature": 1.0}).
-
-    Raises:
-        NotImplementedError: for ``mixed_reward``, and ``reverse_kl_reward`` with gamma > 0, with the reason.
-        ValueError: for an unknown objective, or ``generalized_jsd`` without beta in [0, 1].
-    """
-    if objective == "mixed_reward":
-        raise NotImplementedError(f"mixed_reward: {TRL_1_16_REFUSED['mixed_reward']}")
-    if objective == "reverse_kl_reward" and gamma > 0:
-        raise NotImplementedError(f"reverse_kl_reward with gamma={gamma}: {TRL_1_16_REFUSED['reward_to_go']}")
-    if objective not in TRL_1_16:
-        raise ValueError(f"unknown objective {objective!r}; expected one of {sorted(TRL_1_16) + ['mixed_reward']}")
-    trainer, settings = TRL_1_16[objective]
-    if objective == "generalized_jsd":
-        if beta is None or not 0.0 <= beta <= 1.0:
-            raise ValueError(f"generalized_jsd needs beta in [0, 1], got {beta}")
-        settings = {**settings, "beta": beta}
-    return trainer, dict(settings)

@@ -16,7 +16,7 @@ import helpers
 import pytest
 import torch
 
-from minirl import distill, kl_toy, losses
+from minirl import distill, interop, kl_toy, losses
 
 D = torch.float64
 K = 3
@@ -383,18 +383,18 @@ def test_bad_input_raises_naming_the_argument():
 
 
 def test_the_trl_map_names_each_objective_or_refuses_it_with_the_reason():
-    assert distill.trl_equivalent("generalized_jsd", beta=0.5) == ("trl.DistillationTrainer",
+    assert interop.distill_trl_kwargs("generalized_jsd", beta=0.5) == ("trl.DistillationTrainer",
                                                                   {"beta": 0.5, "temperature": 1.0})
-    assert distill.trl_equivalent("full_reverse_kl")[1]["beta"] == 1.0
-    assert distill.trl_equivalent("reverse_kl_reward")[1]["iw_opd_gamma"] == 0.0
+    assert interop.distill_trl_kwargs("full_reverse_kl")[1]["beta"] == 1.0
+    assert interop.distill_trl_kwargs("reverse_kl_reward")[1]["iw_opd_gamma"] == 0.0
     with pytest.raises(NotImplementedError, match="not a discount"):
-        distill.trl_equivalent("reverse_kl_reward", gamma=1.0)
+        interop.distill_trl_kwargs("reverse_kl_reward", gamma=1.0)
     with pytest.raises(NotImplementedError, match="no reward function"):
-        distill.trl_equivalent("mixed_reward")
+        interop.distill_trl_kwargs("mixed_reward")
     with pytest.raises(ValueError, match="beta"):
-        distill.trl_equivalent("generalized_jsd")
+        interop.distill_trl_kwargs("generalized_jsd")
     with pytest.raises(ValueError, match="unknown objective"):
-        distill.trl_equivalent("dpo")
+        interop.distill_trl_kwargs("dpo")
 
 
 # --- equality with TRL 1.16, on shared inputs ------------------------------------------------------------------------

@@ -38,9 +38,18 @@ Convention differences that remain where both engines run the same switches (eac
 """
 
 from .table import describe_trl, describe_verl, engine_equivalents
-from .trl import DROPPABLE, TRL_VERSION, pref_trl_kwargs, rloo_trl_kwargs, to_trl, trl_kwargs, trl_reward_funcs
+from .trl import (
+    DROPPABLE,
+    TRL_VERSION,
+    distill_trl_kwargs,
+    pref_trl_kwargs,
+    rloo_trl_kwargs,
+    to_trl,
+    trl_kwargs,
+    trl_reward_funcs,
+)
 from .verl import VERL_VERSION, to_verl, verl_overrides
 
-__all__ = ["DROPPABLE", "TRL_VERSION", "VERL_VERSION", "describe_trl", "describe_verl", "engine_equivalents",
-           "pref_trl_kwargs", "rloo_trl_kwargs", "to_trl", "to_verl", "trl_kwargs", "trl_reward_funcs",
-           "verl_overrides"]
+__all__ = ["DROPPABLE", "TRL_VERSION", "VERL_VERSION", "describe_trl", "describe_verl", "distill_trl_kwargs",
+           "engine_equivalents", "pref_trl_kwargs", "rloo_trl_kwargs", "to_trl", "to_verl", "trl_kwargs",
+           "trl_reward_funcs", "verl_overrides"]

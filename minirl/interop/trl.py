@@ -376,3 +376,60 @@ def to_trl(cfg: RLConfig | PrefConfig, without: tuple[str, ...] | list[str] = ()
             from trl import DPOConfig as Config
         return Config(**{**kwargs, **trl_args})
     raise TypeError(f"to_trl takes an RLConfig or a PrefConfig, got {type(cfg).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- the map to TRL 1.16
+#: Each objective of ``minirl.distill`` in TRL 1.16: the trainer and settings that compute the same loss. Read by
+#: ``distill_trl_kwargs``; ``tests/test_distill.py`` checks the loss equalities on shared inputs.
+DISTILL_TRL = {
+    "full_reverse_kl": ("trl.DistillationTrainer", {"beta": 1.0, "temperature": 1.0}),
+    "generalized_jsd": ("trl.DistillationTrainer", {"beta": None, "temperature": 1.0}),  # beta: the caller's
+    "reverse_kl_reward": ("trl.experimental.iw_opd.IWOPDTrainer",
+                          {"distillation_objective": "iw_opd", "iw_opd_gamma": 0.0, "lmbda": 1.0, "temperature": 1.0}),
+    "sft_nll": ("trl.SFTTrainer", {"completion_only_loss": True}),  # on a dataset of the teacher's completions
+}
+#: What TRL 1.16 cannot compute, and why.
+DISTILL_TRL_REFUSED = {
+    "reward_to_go": "no TRL 1.16 distillation trainer adds a token's future teacher rewards to its own (gamma > 0): "
+                    "IW-OPD, like Tinker, grades each token by its own reward (gamma = 0); IWOPDConfig.iw_opd_gamma is "
+                    "a weight on the token's position, not a discount",
+    "mixed_reward": "no TRL 1.16 trainer takes a teacher and a task reward together: DistillationTrainer, GKDTrainer "
+                    "and IWOPDTrainer take no reward function, and GRPOTrainer's KL (beta) is to a reference it builds "
+                    "from the student's own weights, as k3 in the loss (the forward KL's gradient), not to a teacher",
+}
+
+
+def distill_trl_kwargs(objective: str, *, beta: float | None = None, gamma: float = 0.0) -> tuple[str, dict]:
+    """The TRL 1.16 trainer and settings that compute the loss of ``objective`` (a function of ``minirl.distill``), or
+    NotImplementedError with the reason.
+
+    - ``full_reverse_kl`` / ``generalized_jsd``: ``DistillationTrainer`` with ``beta`` (1.0 for the reverse KL) and
+      the temperature it samples at; its loss is the token-mean of the per-position divergence
+      (``losses.aggregate(..., "token-mean")``). ``GKDTrainer`` (experimental) computes the same loss with
+      ``lmbda=1.0`` (always on-policy), but at temperature 1.0 whatever ``GKDConfig.temperature`` samples at.
+    - ``reverse_kl_reward`` with gamma = 0 (``rewards_to_go``'s discount; each token its own reward): ``IWOPDTrainer``
+      (experimental) with ``iw_opd_gamma=0.0``: its loss is the token-mean of -sg[log q - log p] log p, the REINFORCE
+      loss of this reward. Refused for gamma > 0.
+    - ``sft_nll``: ``SFTTrainer`` on the teacher's completions, sampled beforehand. ``GKDTrainer(seq_kd=True,
+      lmbda=0.0, beta=0.0)`` is its full-vocabulary relative: the forward KL on teacher samples, the same expected
+      gradient, a different loss value (it lacks the teacher's entropy) and less variance.
+
+    Example: ``distill_trl_kwargs("generalized_jsd", beta=0.5)`` -> ("trl.DistillationTrainer", {"beta": 0.5,
+    "temperature": 1.0}).
+
+    Raises:
+        NotImplementedError: for ``mixed_reward``, and ``reverse_kl_reward`` with gamma > 0, with the reason.
+        ValueError: for an unknown objective, or ``generalized_jsd`` without beta in [0, 1].
+    """
+    if objective == "mixed_reward":
+        raise NotImplementedError(f"mixed_reward: {DISTILL_TRL_REFUSED['mixed_reward']}")
+    if objective == "reverse_kl_reward" and gamma > 0:
+        raise NotImplementedError(f"reverse_kl_reward with gamma={gamma}: {DISTILL_TRL_REFUSED['reward_to_go']}")
+    if objective not in DISTILL_TRL:
+        raise ValueError(f"unknown objective {objective!r}; expected one of {sorted(DISTILL_TRL) + ['mixed_reward']}")
+    trainer, settings = DISTILL_TRL[objective]
+    if objective == "generalized_jsd":
+        if beta is None or not 0.0 <= beta <= 1.0:
+            raise ValueError(f"generalized_jsd needs beta in [0, 1], got {beta}")
+        settings = {**settings, "beta": beta}
+    return trainer, dict(settings)
