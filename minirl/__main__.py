@@ -145,7 +145,7 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     lm = models.load(model, attn_implementation=attn_implementation)
     lm.to("cuda" if torch.cuda.is_available() else "cpu")
     data = load_prompts(dataset, tokenizer, system_prompt=system_prompt)
-    cfg = make_config(algo, **settings)
+    cfg = make_config(algo, **{"completion_only_head": True, **settings})  # a real vocabulary: keep the head small
     history = train_rl(lm, tokenizer, cfg, data, reward_fn=fns, reward_weights=weights, output_dir=out,
                        resume_from=resume)
     history.to_jsonl(out / "metrics.jsonl")

@@ -158,6 +158,9 @@ class RLConfig:
     gradient_checkpointing: bool = False  # recompute each decoder layer in the backward (less activation memory)
     generation_batch_size: int | None = None  # rows per decode loop (its KV cache holds this many); None: all rows
     logprob_batch_size: int | None = None  # rows per no-grad log-prob forward (pi_old, reference); None: all rows
+    completion_only_head: bool = False  # the update's LM head on completion positions only (logits_to_keep): saves
+    # (b, P, V) logits at real vocabularies; off by default because its gradient differs by round-off (the matmul's
+    # shape), which would move the toy's stored figures. The no-grad forwards always keep only the completion's logits
     # --- logging and checkpoints
     checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)

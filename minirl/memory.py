@@ -74,7 +74,8 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
                         float32 logits the selective log-softmax keeps, the final norm, RoPE's cos and sin); with
                         gradient checkpointing, layers x n H a (each layer's input) + one layer's activations
         backward_head   2 b_mb T V 4 + b_mb (T + 1) V a   (the backward through the LM head: softmax and gradient
-                        of the float32 logits, gradient of the head's output)
+                        of the float32 logits, gradient of the head's output; b_mb L V a for the head's output
+                        without ``completion_only_head``)
     The peak is weights + grads + optimizer + reference + the largest stage: generation (kv_cache), the log-prob
     forwards (logits_chunk) or the update (activations + backward_head).
 
@@ -113,7 +114,7 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
         "kv_cache": 2 * layers * b_gen * L * nkv * hd * a,
         "logits_chunk": b_lp * (T + 1) * V * a + 2 * b_lp * T * V * 4,
         "activations": (layer_saved + b_mb * (T + 1) * H + 2 * n * H) * a + b_mb * T * V * 4 + 2 * b_mb * L * hd * 4,
-        "backward_head": 2 * b_mb * T * V * 4 + b_mb * (T + 1) * V * a,
+        "backward_head": 2 * b_mb * T * V * 4 + b_mb * ((T + 1) if cfg.completion_only_head else L) * V * a,
     }
     stages = {"generation": plan["kv_cache"], "logprob_forward": plan["logits_chunk"],
               "update": plan["activations"] + plan["backward_head"]}

@@ -458,7 +458,7 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     for micro in minibatch.split(cfg.micro_batch_size or len(minibatch)):
         with precision.train_mode(model, critic), replaying(model, micro.routes):  # held through the backward
             with precision.autocast(model, cfg.precision), router_logits_if(model, cfg) as router_logits:
-                logprobs, entropy = policy_logprobs(model, micro, cfg.temperature)  # (b, T)
+                logprobs, entropy = policy_logprobs(model, micro, cfg)  # (b, T)
                 old_logprobs = logprobs.detach() if micro.old_logprobs is None else micro.old_logprobs  # "current"
                 weights = None  # the sampler is not pi_old: re-weight its samples towards pi_old (importance.py)
                 if cfg.is_correction != "none":
@@ -497,11 +497,12 @@ def loss_denominator(mask: Tensor, cfg: RLConfig) -> float:
     return max(float((mask.sum(-1) > 0).sum()), 1.0)
 
 
-def policy_logprobs(model, micro: RLBatch, temperature: float) -> tuple[Tensor, Tensor]:
+def policy_logprobs(model, micro: RLBatch, cfg: RLConfig) -> tuple[Tensor, Tensor]:
     """(b, T) log-probs (with grad) and entropies (detached) of the micro-batch under the current policy; with
     recorded routes, call it inside ``replaying(model, micro.routes)`` (``update_minibatch`` does)."""
     return rollout.token_logprobs(model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens,
-                                  temperature=temperature, return_entropy=True)
+                                  temperature=cfg.temperature, return_entropy=True,
+                                  completion_only=cfg.completion_only_head)
 
 
 def replaying(model, routes: Routes | None):

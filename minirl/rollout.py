@@ -159,21 +159,25 @@ def eos_token_ids(tokenizer, model: torch.nn.Module | None = None) -> list[int]:
     return ids
 
 
-def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int
-                      ) -> Tensor:
+def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, *,
+                      completion_only: bool = True) -> Tensor:
     """(B, T, V) raw logits that predict the completion tokens: one full-sequence forward, positions P-1 .. P+T-2.
 
     The logits at position t predict token t+1; position ids skip the left padding exactly as ``generate`` numbers
     them, so a rollout's distributions are reproduced to float precision. ``token_logprobs`` and
     ``evaluation.sequence_kl`` both read this forward. A model whose forward takes ``logits_to_keep`` (every
     transformers causal LM) applies its LM head to the last T + 1 positions only: (B, T + 1, V) logits instead of
-    (B, L, V), which at V = 151,936 is most of a forward's memory.
+    (B, L, V), which at V = 151,936 is most of a forward's memory. The values are the same, but the head's matrix
+    product has another shape, so its gradient differs by round-off; ``completion_only=False`` keeps the full head
+    (``RLConfig.completion_only_head``; the toy's stored figures were made with it).
 
     Args:
         model: a causal LM returning ``.logits`` of shape (B, L, V).
         input_ids: (B, L) prompt + completion, L = P + T.
         attention_mask: (B, L).
         n_prompt_tokens: P, the padded prompt length; the completion is ``input_ids[:, P:]``.
+        completion_only: apply the LM head to the completion positions only, where the forward takes
+            ``logits_to_keep`` (False: the (B, L, V) logits, sliced).
 
     Returns:
         (B, T, V) logits in the model's dtype (not temperature-scaled).
@@ -188,7 +192,7 @@ def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask:
         raise ValueError(f"n_prompt_tokens must be in [1, {L}) for input_ids of length {L}, got {n_prompt_tokens}")
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask,
                   position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    if "logits_to_keep" in inspect.signature(model.forward).parameters:  # transformers LMs: lm_head on T+1 rows only
+    if completion_only and "logits_to_keep" in inspect.signature(model.forward).parameters:  # transformers LMs: lm_head on T+1 rows only
         return model(**kwargs, logits_to_keep=L - n_prompt_tokens + 1).logits[:, :-1]
     return model(**kwargs).logits[:, n_prompt_tokens - 1:-1]  # any other LM: the (B, L, V) logits, sliced
 
@@ -223,8 +227,8 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, *,
-                   temperature: float = 1.0, return_entropy: bool = False, batch_size: int | None = None
-                   ) -> Tensor | tuple[Tensor, Tensor]:
+                   temperature: float = 1.0, return_entropy: bool = False, batch_size: int | None = None,
+                   completion_only: bool = True) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
 
     The logits at position t predict token t+1, so the completion's log-probs come from positions
@@ -243,6 +247,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
             (detached: it is a measurement, never a loss term).
         batch_size: rows per forward (None: all B at once); for the no-grad forwards of pi_old, the reference and
             evaluation (``RLConfig.logprob_batch_size``). Each row's result does not depend on it beyond round-off.
+        completion_only: the LM head on the completion positions only (``completion_logits``).
 
     Returns:
         (B, T) log-probs (nats) of the completion tokens, with grad if the model has grad enabled; positions after
@@ -258,12 +263,13 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     ndim("input_ids", input_ids, 2, "(B, L)")
     if batch_size is not None and batch_size < input_ids.shape[0]:
         parts = [token_logprobs(model, ids, mask, n_prompt_tokens, temperature=temperature,
-                                return_entropy=return_entropy)
+                                return_entropy=return_entropy, completion_only=completion_only)
                  for ids, mask in zip(input_ids.split(batch_size), attention_mask.split(batch_size), strict=True)]
         if not return_entropy:
             return torch.cat(parts)
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-    logits = completion_logits(model, input_ids, attention_mask, n_prompt_tokens).float() / temperature  # (B, T, V)
+    logits = completion_logits(model, input_ids, attention_mask, n_prompt_tokens,
+                               completion_only=completion_only).float() / temperature  # (B, T, V)
     logprobs = selective_log_softmax(logits, input_ids[:, n_prompt_tokens:])  # (B, T)
     if not return_entropy:
         return logprobs

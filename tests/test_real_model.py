@@ -408,3 +408,16 @@ def test_memory_plan_for_qwen3_0_6b_and_what_chunking_saves(capsys):
     assert "peak" in capsys.readouterr().out
     with pytest.raises(ValueError, match="attention"):
         memory.memory_plan(qwen, plain, attention="flash")
+
+
+def test_memory_plan_counts_the_full_head_without_completion_only_head():
+    from minirl import memory
+
+    qcfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=1000)
+    kw = dict(prompts_per_step=1, group_size=2, max_new_tokens=8, num_minibatches=1)
+    full = memory.memory_plan(qcfg, config.make_config("grpo", **kw), prompt_tokens=16)["backward_head"]
+    kept = memory.memory_plan(qcfg, config.make_config("grpo", completion_only_head=True, **kw),
+                              prompt_tokens=16)["backward_head"]
+    # the head's output gradient: b L V a = 2 x 24 x 1000 x 4 in full, b (T + 1) V a = 2 x 9 x 1000 x 4 kept
+    assert full - kept == 2 * (24 - 9) * 1000 * 4

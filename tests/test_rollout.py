@@ -107,6 +107,25 @@ def test_completion_logits_are_the_positions_that_predict_the_completion():
         rollout.completion_logits(PositionLogits(), ids, torch.ones_like(ids), 5)
 
 
+def test_completion_only_head_same_logprobs_gradient_within_round_off():
+    # The LM head on the completion positions only (logits_to_keep) gives the very same log-probs; its gradient is
+    # the same up to round-off (another shape of matrix product), which is why RLConfig.completion_only_head is a
+    # setting, off by default: the toy's stored figures were made with the full head.
+    torch.manual_seed(0)
+    model = models.tiny_dense(build_tokenizer(), hidden_size=32, num_layers=1, num_heads=2)
+    ids = torch.randint(3, 50, (3, 9))
+    mask = torch.ones_like(ids)
+    grads = {}
+    for keep in (True, False):
+        model.zero_grad()
+        lp = rollout.token_logprobs(model, ids, mask, 4, completion_only=keep)
+        lp.sum().backward()
+        grads[keep] = (lp.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert torch.equal(grads[True][0], grads[False][0])
+    gap = (grads[True][1] - grads[False][1]).abs().max().item()
+    assert gap <= 1e-5 * grads[False][1].abs().max().item()
+
+
 def test_token_logprobs_bad_input():
     model = FixedLogits([2.0, 1.0, 0.0])
     ids = torch.tensor([[2, 1, 0]])
