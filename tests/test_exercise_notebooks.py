@@ -353,8 +353,8 @@ def test_student_package_holds_no_answer(student):
     assert {n.targets[0].id for n in key.body if isinstance(n, ast.Assign)} >= set(exercises.list_exercises())
     # the lessons: every lesson is there; none prints an answer function or writes one out
     names = sp.answer_names()
-    lessons = sorted((out / "notebooks").glob("0*.ipynb"))
-    assert [p.name for p in lessons] == [p.name for p in sorted((ROOT / "notebooks").glob("0*.ipynb"))]
+    lessons = sorted((out / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert [p.name for p in lessons] == [p.name for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
     for path in lessons:
         for cell in _load(path)["cells"]:
             src = _src(cell)

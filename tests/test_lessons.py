@@ -1,4 +1,4 @@
-"""The lesson notebooks (notebooks/0*.ipynb) read as lessons, not lab records (STYLE.md, "Notebooks: lessons, not
+"""The lesson notebooks (notebooks/[0-9][0-9]_*.ipynb) read as lessons, not lab records (STYLE.md, "Notebooks: lessons, not
 lab records"; issue 29): short markdown cells, short stored outputs without progress-bar chunks, no project history
 in the prose, and every decimal figure of the prose traceable to what the notebook printed or to a stored result it
 reads. Each check reports notebook, cell index and the offending text, so the author can fix the prose.
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("0*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 RESULTS = ROOT / "notebooks" / "results"
 MAX_WORDS, MAX_LINES = 300, 60
 MAX_LIST = 16  # a longer list in a stored result is a curve (see json_numbers)

@@ -9,7 +9,7 @@ DIR/ mirrors the repository, so every relative path the lessons and the checker 
   ``_NoReference``: ``check`` then runs the hand-worked cases and defers the ones that compare with the reference to
   grading. minirl's own modules stay: they ARE what the exercises reimplement, and a student can always read them.
 - ``pyproject.toml``, ``README.md`` (a short one for students), ``data/`` (the task and the warm start).
-- ``notebooks/0*.ipynb``: the lessons, each cell that prints an exercise's solution replaced (see ``strip_lesson``).
+- ``notebooks/[0-9][0-9]_*.ipynb``: the lessons, each cell that prints an exercise's solution replaced (see ``strip_lesson``).
 - ``notebooks/results/``: the stored results the lessons and the experiment check read.
 - ``notebooks/exercises/``: the stored release (stubs, no solutions, no hidden tests).
 
@@ -38,7 +38,7 @@ def answer_names() -> dict[str, tuple[str, str]]:
     (``Exercise.blocked`` and the function its ``source`` names), as a lesson writes it (module.function)."""
     from minirl import exercises
 
-    notebooks = {p.stem[:2]: p.name for p in HERE.glob("0*.ipynb")}
+    notebooks = {p.stem[:2]: p.name for p in HERE.glob("[0-9][0-9]_*.ipynb")}
     names = {}
     # first the function each exercise asks for, then the others it blocks (aggregate is exercise aggregate's
     # answer, though grpo_loss blocks it too)
@@ -157,7 +157,7 @@ def stand_in_key(text: str) -> str:
 
 README = """# minirl: the student package
 
-- `notebooks/0*.ipynb`: the lessons. Where a lesson used to print minirl's implementation of one of your exercises,
+- `notebooks/[0-9][0-9]_*.ipynb`: the lessons. Where a lesson used to print minirl's implementation of one of your exercises,
   it points to the exercise instead.
 - `notebooks/exercises/`: your exercise notebooks. Write each function in its cell and run the check cell under it:
   the cases worked out by hand run here; the seeded random cases compare with the teacher's reference and run when
@@ -187,7 +187,7 @@ def build(out: Path) -> str:
             shutil.copytree(child, nbdir / child.name, ignore=ignore)
     names = answer_names()
     changed = {}
-    for lesson in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+    for lesson in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         nb, n = strip_lesson(json.loads(lesson.read_text()), names)
         (nbdir / lesson.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
         changed[lesson.stem] = n
@@ -209,7 +209,7 @@ def solution_cells_table() -> str:
     names = answer_names()
     rows = ["| lesson | section | cell id | shows | solution of exercise | in the student package |",
             "|---|---|---|---|---|---|"]
-    for lesson in sorted((ROOT / "notebooks").glob("0*.ipynb")):
+    for lesson in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         nb = json.loads(lesson.read_text())
         section = ""
         stripped, _ = strip_lesson(nb, names)
