@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import advantages, importance, kl, losses
+from . import advantages, entropy_control, importance, kl, losses
 from .checks import choice
 from .precision import PRECISIONS
 
@@ -118,6 +118,20 @@ class RLConfig:
     cispo_form: str = "two-sided"  # CISPO: clip(r, 1 - eps_low, 1 + eps_high), or "one-sided" min(r, 1 + eps_high)
     tau_pos: float = 1.0  # SAPO's gate temperature for A > 0
     tau_neg: float = 1.05  # SAPO's gate temperature for A <= 0
+    # --- entropy controls (entropy_control.py; all off by default, TRL's / verl's names in interop/)
+    entropy_coef: float = 0.0  # the bonus -coef * mean token entropy (TRL entropy_coef; the adaptive start value)
+    adaptive_entropy: bool = False  # Skywork-OR1's controller toward entropy_target (TRL use_adaptive_entropy)
+    entropy_target: float = 0.2  # nats per token, at or below which the adaptive bonus acts
+    entropy_coef_delta: float = 0.005  # the controller's step per optimiser step
+    entropy_coef_min: float = 0.0
+    entropy_coef_max: float = 1.0
+    top_entropy_quantile: float = 1.0  # train only the top-rho entropy tokens (Wang et al. 2025; 1: every token)
+    cov_mode: str = "none"  # "clip_cov" / "kl_cov" (Cui et al. 2025, verl's loss modes) replace the token clip
+    cov_fraction: float = 2e-4  # share of tokens Clip-Cov stops / KL-Cov penalises (verl clip_cov_ratio, kl_cov_ratio)
+    clip_cov_low: float = 1.0  # Clip-Cov's covariance band (verl clip_cov_lb, clip_cov_ub)
+    clip_cov_high: float = 5.0
+    kl_cov_coef: float = 1.0  # KL-Cov's penalty weight (the paper's 1; verl's ppo_kl_coef, default 0.1)
+    log_covariance: bool = False  # log the batch Cov(log pi, A) ("covariance") even with every control off
     # --- KL to the reference
     beta: float = 0.0  # KL coefficient; 0 disables the reference model
     kl_estimator: str = "k3"  # "k1", "k2" or "k3"
@@ -165,6 +179,7 @@ class RLConfig:
     checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
+    eval_pass_at_k: tuple[int, ...] = ()  # log eval_pass_at_<k> for each k (<= eval_samples_per_prompt; 0/1 rewards)
     progress: bool = True  # tqdm bar
 
     def policy_loss_settings(self) -> dict:
@@ -223,6 +238,11 @@ class RLConfig:
             raise ValueError(f"need beta >= 0, temperature > 0, lr > 0; got {self.beta}, {self.temperature}, "
                              f"{self.lr}")
         losses.check_settings(**self.policy_loss_settings())  # the loss's own rules, in one place
+        entropy_control.check_config(self)
+        if any(isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.eval_samples_per_prompt
+               for k in self.eval_pass_at_k):
+            raise ValueError(f"eval_pass_at_k must hold ints in [1, eval_samples_per_prompt="
+                             f"{self.eval_samples_per_prompt}], got {self.eval_pass_at_k}")
         choice("pi_old", self.pi_old, importance.PI_OLD)
         choice("is_correction", self.is_correction, importance.CORRECTIONS)
         choice("is_seq_form", self.is_seq_form, importance.SEQ_FORMS)

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from . import tasks
 from .checks import zero_outside
+from .entropy import mean_pass_at_k
 from .kl import exact_token_kl
 from .precision import autocast
 from .rewards import score_completions
@@ -20,7 +21,8 @@ from .rollout import completion_logits, dataset_columns, generate
 @torch.no_grad()
 def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: float = 1.0, greedy: bool = False,
              samples_per_prompt: int = 1, batch_size: int = 256, seed: int | None = 0, reward_fn=None,
-             reward_kwargs: dict | None = None, generation_batch_size: int | None = None) -> dict:
+             reward_kwargs: dict | None = None, generation_batch_size: int | None = None,
+             pass_at_k: tuple[int, ...] = ()) -> dict:
     """Held-out accuracy of the model on a split, sampled at ``temperature`` or greedy.
 
     Args:
@@ -37,6 +39,9 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
             the running-sums task's 0/1 reward, ``tasks.running_sums_reward``.
         reward_kwargs: further keyword arguments for the reward functions (the RL loops pass ``trainer_state``).
         generation_batch_size: rows per decode loop within a call (``rollout.generate``'s batch_size); None: all.
+        pass_at_k: the k of pass@k to estimate from the samples_per_prompt samples (``entropy.mean_pass_at_k``,
+            Chen et al. 2021, eq. 1), each 1 <= k <= samples_per_prompt; needs a 0/1 reward (1 counts as correct,
+            an unscored completion as wrong).
 
     Returns:
         dict with accuracy (the mean reward over the scored completions, those not None for every function: for a
@@ -45,7 +50,10 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
         accuracy_stderr_prompts (the standard error over prompts of each prompt's mean reward: the honest one when
         samples_per_prompt > 1, because completions of one prompt are correlated), mean_length (tokens, EOS included),
         mean_length_wrong (the same over the completions with reward <= 0; NaN when there are none),
-        truncated_rate, n (completions) and, for the running-sums task, format_rate.
+        truncated_rate, n (completions), for the running-sums task, format_rate, and pass_at_<k> for each k.
+
+    Raises:
+        ValueError: for a k outside [1, samples_per_prompt] or a reward other than 0/1 with pass_at_k.
     """
     k = 1 if greedy else samples_per_prompt
     scores, lengths, truncated, formatted = [], [], [], []
@@ -78,7 +86,23 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
            "truncated_rate": float(torch.cat(truncated).float().mean()), "n": n}
     if reward_fn is None:
         out["format_rate"] = sum(formatted) / n
+    if pass_at_k:
+        out.update(pass_at_k_metrics(scores.view(-1, k), pass_at_k))
     return out
+
+
+def pass_at_k_metrics(scores: Tensor, ks) -> dict:
+    """{"pass_at_<k>": mean pass@k} from (P, n) 0/1 rewards (n samples of each of P prompts; NaN: unscored, wrong).
+
+    Raises:
+        ValueError: for a reward other than 0, 1 or NaN, or a k outside [1, n] (``entropy.pass_at_k``).
+    """
+    scored = scores.nan_to_num(0.0)  # (P, n)
+    if not ((scored == 0) | (scored == 1)).all():
+        raise ValueError("pass@k needs 0/1 rewards (1 = correct); got other values")
+    correct = scored.sum(1).long()  # (P,)
+    n = torch.full_like(correct, scores.shape[1])
+    return {f"pass_at_{k}": mean_pass_at_k(n, correct, k) for k in ks}
 
 
 def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, *, samples_per_prompt: int = 2,
@@ -125,14 +149,16 @@ def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None, *,
     with autocast(model, getattr(cfg, "precision", "fp32")):
         sampled = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, temperature=cfg.temperature,
                            samples_per_prompt=cfg.eval_samples_per_prompt, seed=cfg.seed, reward_fn=reward_fn,
-                           reward_kwargs=reward_kwargs, generation_batch_size=rows)
+                           reward_kwargs=reward_kwargs, generation_batch_size=rows,
+                           pass_at_k=tuple(getattr(cfg, "eval_pass_at_k", ())))
         greedy = evaluate(model, tokenizer, eval_data, cfg.max_new_tokens, greedy=True, reward_fn=reward_fn,
                           reward_kwargs=reward_kwargs, generation_batch_size=rows)
     return {"eval_accuracy": sampled["accuracy"], "eval_accuracy_stderr": sampled["accuracy_stderr"],
             "eval_accuracy_stderr_prompts": sampled["accuracy_stderr_prompts"],
             "eval_greedy_accuracy": greedy["accuracy"], "eval_length": sampled["mean_length"],
             "eval_wrong_length": sampled["mean_length_wrong"],
-            **({"eval_format": sampled["format_rate"]} if "format_rate" in sampled else {})}
+            **({"eval_format": sampled["format_rate"]} if "format_rate" in sampled else {}),
+            **{f"eval_{name}": v for name, v in sampled.items() if name.startswith("pass_at_")}}
 
 
 def memory_held(model, optimizer=None, ref_model=None) -> dict:

@@ -31,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import checkpoint, importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
+from . import checkpoint, entropy_control, importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -98,6 +98,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history, start = cfg.beta, History(), 0
+    entropy_state = entropy_control.make_state(cfg, resuming=resume_from is not None)  # None: every control off
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
@@ -132,7 +133,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            sampler_logprobs=batch.sampler_logprobs)
         # 4. optimise: epochs x minibatches (split by groups), one optimiser step each
         t_opt = time.time()
-        stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic)
+        stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=entropy_state)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
         sync_sampler(sampler, model)  # the sampler reloads the new weights, as an inference engine does
         t_opt = time.time() - t_opt
@@ -435,7 +436,8 @@ def minibatches(n_rows: int, cfg: RLConfig, gen: torch.Generator) -> list[Tensor
     return [(groups.unsqueeze(1) * G + torch.arange(G)).flatten() for groups in order.chunk(cfg.num_minibatches)]
 
 
-def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, beta: float, critic=None) -> dict:
+def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, beta: float, critic=None,
+                     ent: entropy_control.EntropyState | None = None) -> dict:
     """One optimiser step on ``minibatch``, accumulating gradients over micro-batches of cfg.micro_batch_size rows.
 
     The objective is pg_loss + beta * kl_loss (KL in the loss) + value_loss (PPO's critic, which shares no
@@ -465,9 +467,9 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
                     weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
                                                     correction=cfg.is_correction, cap=cfg.is_cap,
                                                     cap_low=cfg.is_cap_low, form=cfg.is_seq_form)
-                pg_loss, st = losses.policy_loss(logprobs, old_logprobs, micro.advantages, micro.loss_mask,
-                                                 **cfg.policy_loss_kwargs(), denominator=denominator,
-                                                 is_weights=weights)
+                pg_loss, st = entropy_control.policy_objective(  # losses.policy_loss with cfg's entropy controls
+                    logprobs, entropy, old_logprobs, micro, cfg, denominator=denominator, is_weights=weights,
+                    state=ent, share=len(micro) / len(minibatch))
                 kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if kl_in_loss else 0.0
                 value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
                 aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0
@@ -481,6 +483,7 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
     if critic is not None:
         torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
     optimizer.step()
+    entropy_control.end_step(ent, cfg)  # the adaptive entropy coefficient moves once per optimiser step
     out = {k: float(np.mean([s[k] for s in stats])) for k in stats[0] if k not in ("loss", "value_loss")}
     out.update(loss=sum(s["loss"] for s in stats), grad_norm=float(grad_norm),
                entropy=entropy_sum / max(float(minibatch.completion_mask.sum()), 1.0))
@@ -498,11 +501,12 @@ def loss_denominator(mask: Tensor, cfg: RLConfig) -> float:
 
 
 def policy_logprobs(model, micro: RLBatch, cfg: RLConfig) -> tuple[Tensor, Tensor]:
-    """(b, T) log-probs (with grad) and entropies (detached) of the micro-batch under the current policy; with
+    """(b, T) log-probs (with grad) and entropies (with grad only for the entropy bonus) of the micro-batch; with
     recorded routes, call it inside ``replaying(model, micro.routes)`` (``update_minibatch`` does)."""
     return rollout.token_logprobs(model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens,
                                   temperature=cfg.temperature, return_entropy=True,
-                                  completion_only=cfg.completion_only_head)
+                                  completion_only=cfg.completion_only_head,
+                                  entropy_grad=entropy_control.needs_entropy_grad(cfg))
 
 
 def replaying(model, routes: Routes | None):

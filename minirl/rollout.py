@@ -216,19 +216,19 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
                         for row, idx in zip(logits, index, strict=True)])  # (B, T)
 
 
-@torch.no_grad()
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """(B, T) entropy (nats) of softmax(logits) at each position, one row at a time and never with grad (it is only
-    logged). ``logits``: (B, T, V) float, already divided by the temperature."""
+def entropy_from_logits(logits: Tensor, *, grad: bool = False) -> Tensor:
+    """(B, T) entropy (nats) of softmax(logits) at each position, one row at a time; without grad (it is logged)
+    unless ``grad`` (an entropy bonus differentiates it). ``logits``: (B, T, V) float, divided by the temperature."""
     def one(row: Tensor) -> Tensor:  # (T, V) -> (T,)
         logp = F.log_softmax(row, dim=-1)
         return -(logp.exp() * logp).sum(-1)
-    return torch.stack([one(row) for row in logits])
+    with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+        return torch.stack([one(row) for row in logits])
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, *,
                    temperature: float = 1.0, return_entropy: bool = False, batch_size: int | None = None,
-                   completion_only: bool = True) -> Tensor | tuple[Tensor, Tensor]:
+                   completion_only: bool = True, entropy_grad: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
 
     The logits at position t predict token t+1, so the completion's log-probs come from positions
@@ -244,7 +244,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
         n_prompt_tokens: P, the padded prompt length; the completion is ``input_ids[:, P:]``.
         temperature: the sampling temperature (> 0) the completion was drawn at.
         return_entropy: also return the (B, T) entropy (nats) of the temperature-scaled next-token distribution
-            (detached: it is a measurement, never a loss term).
+            (detached, a measurement, unless ``entropy_grad``: the entropy bonus differentiates it).
         batch_size: rows per forward (None: all B at once); for the no-grad forwards of pi_old, the reference and
             evaluation (``RLConfig.logprob_batch_size``). Each row's result does not depend on it beyond round-off.
         completion_only: the LM head on the completion positions only (``completion_logits``).
@@ -263,7 +263,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     ndim("input_ids", input_ids, 2, "(B, L)")
     if batch_size is not None and batch_size < input_ids.shape[0]:
         parts = [token_logprobs(model, ids, mask, n_prompt_tokens, temperature=temperature,
-                                return_entropy=return_entropy, completion_only=completion_only)
+                                return_entropy=return_entropy, completion_only=completion_only,
+                                entropy_grad=entropy_grad)
                  for ids, mask in zip(input_ids.split(batch_size), attention_mask.split(batch_size), strict=True)]
         if not return_entropy:
             return torch.cat(parts)
@@ -273,7 +274,7 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     logprobs = selective_log_softmax(logits, input_ids[:, n_prompt_tokens:])  # (B, T)
     if not return_entropy:
         return logprobs
-    return logprobs, entropy_from_logits(logits)
+    return logprobs, entropy_from_logits(logits, grad=entropy_grad)
 
 
 def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, *, reduction: str = "sum") -> Tensor:
