@@ -478,7 +478,7 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
         stats.append({**st, **vst, "loss": float(policy_objective.detach())})
         if router_logits:
             stats[-1]["aux_loss"] = float(aux_loss.detach()) * len(minibatch) / len(micro)  # this micro-batch's
-        entropy_sum += float((entropy * micro.completion_mask).sum())
+        entropy_sum += float((entropy.detach() * micro.completion_mask).sum())
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)  # once, after accumulation
     if critic is not None:
         torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)

@@ -112,7 +112,9 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
             aggregation other than seq-mean-token-mean, GSPO with another aggregation, dual_clip <= 1 + eps_high,
             two-sided CISPO, CISPO other than token-mean, SAPO other than seq-mean-token-mean, advantage rloo /
             reinforce_pp / reinforce_pp_baseline, pi_old="naive", is_seq_form="geomean" with a sequence
-            correction, is_correction with loss_mode="gmpo", token_tis / token_mis with level="sequence-token".
+            correction, is_correction with loss_mode="gmpo", token_tis / token_mis with level="sequence-token",
+            cov_mode (Clip-Cov, KL-Cov: verl only). The entropy controls map to top_entropy_quantile, entropy_coef,
+            use_adaptive_entropy (with entropy_target, entropy_coef_delta / _min / _max), TRL's own names.
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included),
             a name in ``without`` that is not droppable, a micro-batch that does not divide the minibatch, or
             num_processes that is not a positive int dividing the micro-batch.
@@ -172,7 +174,21 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg)})
+        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg), **_trl_entropy(cfg)})
+
+
+def _trl_entropy(cfg: RLConfig) -> dict:
+    """TRL 1.16's names for the entropy controls (``minirl.entropy_control``): the same mask, bonus and controller
+    (tests/test_entropy_loop.py). Clip-Cov and KL-Cov are verl's loss modes only."""
+    if cfg.cov_mode != "none":
+        raise _missing(f"cov_mode={cfg.cov_mode!r}", "TRL 1.16 has no Clip-Cov or KL-Cov loss",
+                       "verl's policy_loss.loss_mode does: to_verl maps it")
+    out = dict(top_entropy_quantile=cfg.top_entropy_quantile, entropy_coef=cfg.entropy_coef,
+               use_adaptive_entropy=cfg.adaptive_entropy)
+    if cfg.adaptive_entropy:
+        out.update(entropy_target=cfg.entropy_target, entropy_coef_delta=cfg.entropy_coef_delta,
+                   entropy_coef_min=cfg.entropy_coef_min, entropy_coef_max=cfg.entropy_coef_max)
+    return out
 
 
 #: minirl RLConfig.is_correction -> TRL 1.16's vllm_importance_sampling_mode.

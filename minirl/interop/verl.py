@@ -70,6 +70,7 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         raise _missing(f"loss_mode='sapo' with agg={cfg.agg!r}", "verl's sapo always aggregates seq-mean-token-mean")
     loss_mode = {"cispo": "cispo", "sapo": "sapo", "gmpo": "geo_mean"}.get(
         cfg.loss_mode, "vanilla" if cfg.level == "token" else "gspo")
+    loss_mode = cfg.cov_mode if cfg.cov_mode != "none" else loss_mode  # Clip-Cov / KL-Cov replace the token clip
     # verl's cispo is two-sided clip(r, 1 - low, 1 + high): the one-sided cap min(r, 1 + high) is low = 1 (r >= 0)
     clip_low = 1.0 if cfg.loss_mode == "cispo" and cfg.cispo_form == "one-sided" else cfg.eps_low
     lay = _layout(cfg, num_processes)  # verl's micro-batch is per GPU, like TRL's per-device batch
@@ -91,7 +92,7 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             f"{a}.optim.clip_grad={cfg.max_grad_norm}",
             f"{a}.policy_loss.loss_mode={loss_mode}",
             f"{a}.clip_ratio_low={clip_low}", f"{a}.clip_ratio_high={cfg.eps_high}"]
-    if cfg.loss_mode == "clip":  # only verl's vanilla loss reads clip_ratio_c
+    if cfg.loss_mode == "clip" and cfg.cov_mode == "none":  # only verl's vanilla loss reads clip_ratio_c
         out.append(f"{a}.clip_ratio_c={cfg.dual_clip if cfg.dual_clip is not None else 1e9}")
     if cfg.loss_mode == "sapo":
         out += [f"{a}.tau_pos={cfg.tau_pos}", f"{a}.tau_neg={cfg.tau_neg}"]
@@ -113,7 +114,7 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             out += [f"algorithm.kl_ctrl.target_kl={cfg.target_kl}", f"algorithm.kl_ctrl.horizon={cfg.kl_horizon}"]
     else:
         out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
-    out += _verl_importance(cfg)
+    out += _verl_importance(cfg) + _verl_entropy(cfg)
     if cfg.dynamic_sampling:
         out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
                 f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
@@ -122,6 +123,25 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         buffer = "+reward.reward_kwargs.overlong_buffer_cfg"
         out += ["reward.reward_manager.name=dapo", f"{buffer}.enable=True", f"{buffer}.len={cfg.overlong_cache_len}",
                 f"{buffer}.penalty_factor=1.0", f"+reward.reward_kwargs.max_resp_len={cfg.max_new_tokens}"]
+    return out
+
+
+def _verl_entropy(cfg: RLConfig) -> list[str]:
+    """verl 0.9.1's names for the entropy controls: actor.entropy_coeff (aggregated like the loss, so equal to
+    minirl's token-mean bonus only under token-mean), policy_loss.loss_mode clip_cov / kl_cov with their settings."""
+    a = "actor_rollout_ref.actor"
+    if cfg.adaptive_entropy or cfg.top_entropy_quantile < 1:
+        raise _missing("adaptive_entropy" if cfg.adaptive_entropy else "top_entropy_quantile < 1",
+                       "verl 0.9.1 has no adaptive entropy coefficient or top-entropy token mask", "TRL 1.16 has both")
+    if cfg.entropy_coef > 0 and cfg.agg != "token-mean":
+        raise _missing(f"entropy_coef with agg={cfg.agg!r}", "verl aggregates the entropy like the loss; minirl's "
+                       "bonus (TRL's) is a token mean whatever the loss's aggregation")
+    out = [f"{a}.entropy_coeff={cfg.entropy_coef}"] if cfg.entropy_coef > 0 else []
+    if cfg.cov_mode == "clip_cov":
+        out += [f"{a}.policy_loss.clip_cov_ratio={cfg.cov_fraction}", f"{a}.policy_loss.clip_cov_lb={cfg.clip_cov_low}",
+                f"{a}.policy_loss.clip_cov_ub={cfg.clip_cov_high}"]
+    elif cfg.cov_mode == "kl_cov":
+        out += [f"{a}.policy_loss.kl_cov_ratio={cfg.cov_fraction}", f"{a}.policy_loss.ppo_kl_coef={cfg.kl_cov_coef}"]
     return out
 
 
