@@ -173,6 +173,7 @@ def _update_grad(model, batch, **switches):
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), out
 
 
+# paper-index: entropy_control.policy_objective
 @pytest.mark.parametrize("micro", [None, 4])
 def test_the_loops_bonus_adds_exactly_the_gradient_of_minus_coef_mean_entropy(tiny_update, micro):
     model, batch = tiny_update
