@@ -97,8 +97,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     sampler = make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
-    beta, history, start = cfg.beta, History(), 0
-    entropy_state = entropy_control.make_state(cfg, resuming=resume_from is not None)  # None: every control off
+    beta, history, start, ent = cfg.beta, History(), 0, entropy_control.make_state(cfg, resuming=bool(resume_from))
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
@@ -133,7 +132,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            sampler_logprobs=batch.sampler_logprobs)
         # 4. optimise: epochs x minibatches (split by groups), one optimiser step each
         t_opt = time.time()
-        stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=entropy_state)
+        stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=ent)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
         sync_sampler(sampler, model)  # the sampler reloads the new weights, as an inference engine does
         t_opt = time.time() - t_opt

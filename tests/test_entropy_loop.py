@@ -64,6 +64,7 @@ def test_log_covariance_alone_logs_the_hand_covariance_and_leaves_the_loss():
 
 
 # --- the entropy bonus ----------------------------------------------------------------------------------------------
+# paper-index: entropy_control.policy_objective
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
 def test_the_bonus_adds_minus_coef_times_the_token_mean_entropy_and_its_exact_gradient(agg):
     logits, logprobs, h, old, adv, mask = _inputs()
@@ -173,7 +174,6 @@ def _update_grad(model, batch, **switches):
     return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), out
 
 
-# paper-index: entropy_control.policy_objective
 @pytest.mark.parametrize("micro", [None, 4])
 def test_the_loops_bonus_adds_exactly_the_gradient_of_minus_coef_mean_entropy(tiny_update, micro):
     model, batch = tiny_update
