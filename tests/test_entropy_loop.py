@@ -272,3 +272,13 @@ def test_train_rl_logs_pass_at_k_the_covariance_and_the_adaptive_coefficient():
     # (no measurement yet), is 0.01 in the second
     assert [r["entropy_coef"] for r in rows if "entropy_coef" in r] == pytest.approx([0.0, 0.01])
     assert math.isfinite(last["covariance"])
+
+
+def test_to_trl_builds_a_grpo_config_with_the_entropy_settings():
+    pytest.importorskip("trl")
+    args = interop.to_trl(config.make_config("grpo", top_entropy_quantile=0.2, adaptive_entropy=True,
+                                             entropy_coef=0.01, entropy_target=0.17, entropy_coef_delta=0.005),
+                          output_dir="unused", report_to="none", use_cpu=True)
+    assert (args.top_entropy_quantile, args.entropy_coef, args.use_adaptive_entropy, args.entropy_target,
+            args.entropy_coef_delta, args.entropy_coef_min, args.entropy_coef_max) == (0.2, 0.01, True, 0.17, 0.005,
+                                                                                        0.0, 1.0)
