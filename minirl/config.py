@@ -22,6 +22,8 @@ from . import advantages, importance, kl, losses
 from .checks import choice
 from .precision import PRECISIONS
 
+#: ``RLConfig.distill``: "none" (the RL loop), or the objective of ``distill_loop.train_distill``.
+DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
 PROGRESS_INTERVAL = 10.0
 
@@ -125,6 +127,12 @@ class RLConfig:
     adaptive_kl: bool = False  # PPO's adaptive controller (Ziegler et al. 2019) instead of a fixed beta
     target_kl: float = 0.05  # nats per sequence, for the adaptive controller
     kl_horizon: int = 1000  # samples, for the adaptive controller
+    # --- distillation (distill_loop.py): a teacher grades the student's tokens; "none" is the RL loop itself
+    distill: str = "none"  # DISTILL_OBJECTIVES: "reverse_kl" (the sampled per-token reward), "full_reverse_kl" (the
+    # exact KL over the vocabulary at each visited position) or "sft" (the NLL of the teacher's samples)
+    distill_gamma: float = 0.0  # discount of the reverse-KL reward to go (0: Tinker's, each token its own reward)
+    distill_coef: float = 1.0  # weight of the teacher's term
+    task_coef: float = 0.0  # weight of the task score's group advantage beside the teacher (> 0: the mix)
     # --- DAPO
     dynamic_sampling: bool = False  # keep only groups with non-identical accuracy, over-sampling to fill the batch
     gen_prompts_per_round: int | None = None  # prompts per generation round when over-sampling (None: prompts_per_step)
@@ -242,9 +250,35 @@ class RLConfig:
             raise ValueError(f"router_aux_loss_coef must be a finite number >= 0, got {self.router_aux_loss_coef}")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
+        self.validate_distill()
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
             raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
                              f"got {self.overlong_cache_len}")
+
+
+    def validate_distill(self) -> None:
+        """The distillation fields' rules (``distill_loop.train_distill``): one optimiser step per rollout, no
+        reference KL, no task reward for SFT on the teacher's samples, and no distillation field set without
+        ``distill``."""
+        choice("distill", self.distill, DISTILL_OBJECTIVES)
+        if self.distill == "none":
+            if (self.distill_gamma, self.distill_coef, self.task_coef) != (0.0, 1.0, 0.0):
+                raise ValueError(f"distill_gamma, distill_coef and task_coef apply with a teacher (distill != 'none'); "
+                                 f"got {self.distill_gamma}, {self.distill_coef}, {self.task_coef} with distill='none'")
+            return
+        if self.num_iterations != 1 or self.num_minibatches != 1:
+            raise ValueError(f"distill={self.distill!r} takes one optimiser step per rollout (on-policy): set "
+                             f"num_iterations=1 and num_minibatches=1, got {self.num_iterations} and "
+                             f"{self.num_minibatches}")
+        if self.beta > 0 or self.dynamic_sampling or self.advantage != "group":
+            raise ValueError(f"distill={self.distill!r}: the teacher replaces the reference (beta must be 0), and the "
+                             f"mix's task advantage is GRPO's (advantage='group', no dynamic sampling)")
+        if not 0.0 <= self.distill_gamma <= 1.0 or self.distill_coef < 0 or self.task_coef < 0:
+            raise ValueError(f"need distill_gamma in [0, 1], distill_coef >= 0, task_coef >= 0; got "
+                             f"{self.distill_gamma}, {self.distill_coef}, {self.task_coef}")
+        if self.distill == "sft" and self.task_coef > 0:
+            raise ValueError("distill='sft' trains on the teacher's samples: a task reward on them is not the "
+                             "student's (task_coef must be 0)")
 
 
 # One row per algorithm: the switches it changes relative to the RLConfig defaults, with the paper each value comes
