@@ -5,13 +5,15 @@ GRPO's policy gradient plus the teacher's, the config's rules, train_rl's hand-o
 import copy
 import hashlib
 import json
+import zipfile
+from pathlib import Path
 
 import datasets
 import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import config, distill, distill_loop, losses, rl, rollout
+from minirl import config, distill, distill_loop, interop, losses, rl, rollout
 from minirl.warm_start import SHIPPED_DIR
 
 ON_POLICY = [("reverse_kl", 0.0), ("reverse_kl", 1.0), ("reverse_kl", 0.5), ("full_reverse_kl", 0.0)]
@@ -191,3 +193,32 @@ def test_shipped_teacher_is_what_its_info_says():
     assert loaded == info and not any(p.requires_grad for p in teacher.parameters())
     assert teacher.config.vocab_size == json.loads((SHIPPED_DIR / "dense-cpu-s0" / "config.json").read_text())[
         "vocab_size"]
+
+
+# --- verl's names ------------------------------------------------------------------------------------------------------
+VERL_WHEEL = Path(__file__).resolve().parent.parent / ".cache" / "verl" / "verl-0.9.1-py3-none-any.whl"
+
+
+def test_distill_verl_overrides_name_verls_options():
+    got = interop.distill_verl_overrides("mix", kl_coef=0.5)
+    assert "distillation.distillation_loss.use_task_rewards=True" in got
+    assert "distillation.distillation_loss.distillation_loss_coef=0.5" in got
+    assert "distillation.distillation_loss.use_policy_gradient=True" in interop.distill_verl_overrides(
+        "reverse_kl_reward")
+    for objective in ("full_reverse_kl", "generalized_jsd", "sft_nll"):
+        with pytest.raises(NotImplementedError, match="verl"):
+            interop.distill_verl_overrides(objective)
+    with pytest.raises(NotImplementedError, match="gamma = 0"):
+        interop.distill_verl_overrides("reverse_kl_reward", gamma=1.0)
+    with pytest.raises(ValueError, match="unknown objective"):
+        interop.distill_verl_overrides("forward_kl")
+    if not VERL_WHEEL.exists():
+        pytest.skip("verl's wheel is not fetched: pip download verl==0.9.1 --no-deps -d .cache/verl")
+    yaml = pytest.importorskip("yaml")
+    with zipfile.ZipFile(VERL_WHEEL) as z:
+        config_ = yaml.safe_load(z.read("verl/trainer/config/_generated_ppo_trainer.yaml"))
+    for override in interop.distill_verl_overrides("mix"):  # every key exists in verl 0.9.1's main_ppo config
+        node = config_
+        for part in override.split("=")[0].split("."):
+            assert part in node, override
+            node = node[part]

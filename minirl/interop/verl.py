@@ -156,3 +156,58 @@ def to_verl(cfg: RLConfig) -> str:
         NotImplementedError, ValueError: as ``verl_overrides``.
     """
     return " ".join(verl_overrides(cfg))
+
+
+# ---------------------------------------------------------------------------------------------- distillation in verl
+#: Each distillation objective of minirl (``distill.py``, ``RLConfig.distill``) in verl 0.9.1: the ``distillation.*``
+#: overrides of ``python -m verl.trainer.main_ppo`` (verl/trainer/config/distillation/distillation.yaml) that compute
+#: it, plus the teacher's path (``distillation.teacher_models.teacher_model.model_path=...``). verl's
+#: ``use_policy_gradient=True`` feeds -k1 of each token as that token's advantage, gamma = 0 (as Tinker; verl's
+#: distillation/losses.py cites Thinking Machines' post); with ``use_task_rewards=True`` the task's policy loss
+#: (GRPO's advantage) is added, the distillation term weighted by ``distillation_loss_coef``: the loop's mix.
+DISTILL_VERL = {
+    "reverse_kl_reward": {"enabled": True, "distillation_loss.loss_mode": "k1",
+                          "distillation_loss.use_policy_gradient": True, "distillation_loss.policy_loss_mode": "vanilla",
+                          "distillation_loss.use_task_rewards": False},
+    "mix": {"enabled": True, "distillation_loss.loss_mode": "k1", "distillation_loss.use_policy_gradient": True,
+            "distillation_loss.policy_loss_mode": "vanilla", "distillation_loss.use_task_rewards": True,
+            "distillation_loss.distillation_loss_coef": None},  # None: the caller's kl_coef
+}
+#: What verl 0.9.1 cannot compute, and why; ``sft_nll`` is a separate trainer.
+DISTILL_VERL_REFUSED = {
+    "reward_to_go": "verl 0.9.1 gives each token its own -k1 as the advantage (gamma = 0); no option sums a token's "
+                    "future teacher rewards into it",
+    "full_reverse_kl": "verl 0.9.1's only loss over the distribution is forward_kl_topk, the FORWARD KL(q || p) over "
+                       "the teacher's top-k tokens; it has no reverse KL over the vocabulary",
+    "generalized_jsd": "verl 0.9.1 has no JSD; its forward_kl_topk is the forward KL (GKD's beta = 0) restricted to the "
+                       "teacher's top-k tokens, not the same loss",
+    "sft_nll": "SFT on the teacher's samples is verl's separate SFT trainer (python -m verl.trainer.sft_trainer) on a "
+               "dataset of the teacher's completions, not an option of main_ppo",
+}
+
+
+def distill_verl_overrides(objective: str, *, gamma: float = 0.0, kl_coef: float = 1.0) -> list[str]:
+    """verl 0.9.1 overrides (Hydra ``key=value``, under ``distillation.``) for a distillation objective of minirl.
+
+    - ``reverse_kl_reward`` (the loop's ``distill="reverse_kl"``) with gamma = 0: -k1 per token as the advantage.
+    - ``mix`` (the loop's ``task_coef > 0``, gamma = 0): the task's policy loss + ``kl_coef`` x the same term. minirl
+      weighs the task advantage by ``task_coef`` instead; with task_coef = 1 the two are the same objective.
+
+    Example: ``distill_verl_overrides("reverse_kl_reward")`` -> ["distillation.enabled=True",
+    "distillation.distillation_loss.loss_mode=k1", ...].
+
+    Raises:
+        NotImplementedError: for gamma > 0, ``full_reverse_kl``, ``generalized_jsd`` and ``sft_nll``, with the reason.
+        ValueError: for an unknown objective or kl_coef < 0.
+    """
+    if objective in DISTILL_VERL_REFUSED:
+        raise NotImplementedError(f"{objective}: {DISTILL_VERL_REFUSED[objective]}")
+    if objective not in DISTILL_VERL:
+        raise ValueError(f"unknown objective {objective!r}; expected one of {sorted(DISTILL_VERL)} "
+                         f"(refused: {sorted(DISTILL_VERL_REFUSED)})")
+    if gamma > 0:
+        raise NotImplementedError(f"{objective} with gamma={gamma}: {DISTILL_VERL_REFUSED['reward_to_go']}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    settings = {k: (kl_coef if v is None else v) for k, v in DISTILL_VERL[objective].items()}
+    return [f"distillation.{k}={v}" for k, v in settings.items()]
