@@ -185,8 +185,9 @@ class RLConfig:
         the generation budget. The one place a config becomes a loss, so a new loss mode never touches rl.py."""
         return {**self.policy_loss_settings(), "max_tokens": self.max_new_tokens}
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field for any invalid setting."""
+    def validate(self, *, loop: str | None = None) -> None:
+        """Raise ValueError naming the field for any invalid setting; ``loop="rl"`` (``rl.train_rl``) also refuses a
+        distillation objective, which only ``distill_loop.train_distill`` (with its teacher) runs."""
         choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
         choice("adv_scale", self.adv_scale, advantages.SCALES)
         if self.advantage in advantages.ESTIMATORS and self.adv_scale != "none":
@@ -251,6 +252,9 @@ class RLConfig:
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
         self.validate_distill()
+        if loop == "rl" and self.distill != "none":
+            raise ValueError(f"distill={self.distill!r} needs a teacher: run distill_loop.train_distill(..., "
+                             f"teacher=), not rl.train_rl")
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
             raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
                              f"got {self.overlong_cache_len}")

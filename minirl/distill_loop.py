@@ -1,7 +1,7 @@
 """The distillation loop: the student samples, a teacher grades every token, one optimiser step per rollout.
 
-``train_distill`` is ``rl.train_rl``'s loop with the reward stage swapped for a teacher (``train_rl`` hands over to
-it when ``cfg.distill`` is set). Each step:
+``train_distill`` is ``rl.train_rl``'s loop with the reward stage swapped for a teacher: the same RLConfig (with
+``distill`` set, which ``train_rl`` refuses), the same rollout stage and RLBatch. Each step:
 
   1. rollout     G completions per prompt from the STUDENT (``rl.collect``; the teacher's for ``distill="sft"``),
                  scored by the task reward (logged; the mix also trains on it)
@@ -43,6 +43,7 @@ from .evaluation import eval_metrics
 from .history import History
 from .tokenizer import build_tokenizer
 from .warm_start import SHIPPED_DIR
+
 
 def load_teacher(profile: str = "cpu"):
     """The shipped teacher of the distillation lesson: the main job's model (the cpu profile's seed-0 dense warm start
@@ -118,7 +119,8 @@ def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *
         t0 = time.time()
         # 1. rollout: the student's own samples (on-policy), or the teacher's (SFT on teacher samples)
         sampler = teacher if cfg.distill == "sft" else model
-        kwargs = {"trainer_state": rl.TrainerState(global_step=step - 1, max_steps=cfg.steps), "log_metric": rl.metric_logger({})}
+        kwargs = {"trainer_state": rl.TrainerState(global_step=step - 1, max_steps=cfg.steps),
+                  "log_metric": rl.metric_logger({})}
         batch, scores, gen_stats = rl.collect(sampler, tokenizer, train_data, cfg, reward_fn=reward_fn,
                                               reward_weights=reward_weights, gen=gen, reward_kwargs=kwargs)
         task_advantages = torch.zeros_like(scores)  # (B,) the mix's share of the task reward: GRPO's advantage

@@ -108,7 +108,11 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
            "naive, router noise 0.3": "lightcoral", "naive, router noise 1.0": "tab:red",
            "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
            "token MIS, router noise 1.0": "tab:green", "R2, router noise 1.0": "tab:purple",
-           "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive"}
+           "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive",
+           # 10: distillation (GRPO keeps its blue)
+           "on-policy distillation": "tab:red", "full-vocab distillation": "tab:purple",
+           "SFT on teacher samples": "tab:orange", "GRPO (task reward)": "tab:blue", "mix": "tab:green",
+           "teacher": "black"}
 
 
 def arm_color(arm: str) -> str:

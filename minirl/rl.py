@@ -42,7 +42,7 @@ from .sampler import make_sampler, sync_sampler
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
              reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None,
-             output_dir: str | Path | None = None, resume_from: str | Path | None = None, teacher=None) -> History:
+             output_dir: str | Path | None = None, resume_from: str | Path | None = None) -> History:
     """Train ``model`` in place with the algorithm that ``cfg`` describes; return the per-step History.
 
     Args:
@@ -64,7 +64,6 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained`` of model and tokenizer)
             and a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``); None saves nothing.
         resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
-        teacher: with ``cfg.distill`` set, the model to distil: ``distill_loop.train_distill`` runs instead.
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
@@ -80,12 +79,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
-    cfg.validate()
-    if cfg.distill != "none" or teacher is not None:  # a teacher grades every token: the distillation loop
-        from .distill_loop import train_distill  # imports this module's stages
-        return train_distill(model, tokenizer, cfg, train_data, eval_data, teacher=teacher, reward_fn=reward_fn,
-                             reward_weights=reward_weights, callback=callback, output_dir=output_dir,
-                             resume_from=resume_from)
+    cfg.validate(loop="rl")  # also refuses the distillation settings: distill_loop.train_distill runs them
     precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.router_aux_loss_coef > 0:
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance

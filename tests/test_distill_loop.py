@@ -1,6 +1,7 @@
 """Tests of minirl.distill_loop, the distillation loop: a student equal to its teacher gets exactly zero gradient from
 the on-policy objectives (and SFT's does not), micro-batches add up to the batch, the mix with the task reward is
-GRPO's policy gradient plus the teacher's, the config's rules, train_rl's hand-over, and the shipped teacher."""
+GRPO's policy gradient plus the teacher's, the config's rules (train_rl refuses a distillation objective), verl's
+names, and the shipped teacher."""
 
 import copy
 import hashlib
@@ -60,6 +61,7 @@ def test_sft_moves_a_student_equal_to_its_teacher(tok):
     assert out["grad_norm"] > 1e-3 and out["loss"] > 0
 
 
+# paper-index: distill_loop.train_distill
 def test_one_loop_step_leaves_a_student_equal_to_its_teacher_unchanged(tok):
     # the whole loop, AdamW included: zero gradient, zero update (weight decay 0), kl_teacher exactly 0
     model = tiny_model(tok)
@@ -72,7 +74,7 @@ def test_one_loop_step_leaves_a_student_equal_to_its_teacher_unchanged(tok):
         assert torch.equal(value, before[name]), name
 
 
-# --- the loss the loop differentiates ----------------------------------------------------------------------------------
+# --- the loss the loop differentiates -------------------------------------------------------------------------------
 @pytest.mark.parametrize("objective, gamma", [*ON_POLICY, ("sft", 0.0)])
 def test_micro_batches_add_up_to_the_batch(tok, objective, gamma):
     model, teacher = tiny_model(tok), tiny_model(tok, seed=1)
@@ -157,17 +159,18 @@ def test_defaults_are_off():
     assert (cfg.distill, cfg.distill_gamma, cfg.distill_coef, cfg.task_coef) == ("none", 0.0, 1.0, 0.0)
 
 
-def test_train_rl_hands_over_to_the_distillation_loop(tok):
+def test_train_rl_refuses_a_distillation_objective_and_train_distill_needs_a_teacher(tok):
     model = tiny_model(tok)
     data = datasets.Dataset.from_list([{"prompt": "1+2=", "answer": "3"}, {"prompt": "4+5=", "answer": "9"}])
-    h = rl.train_rl(model, tok, cfg_of("reverse_kl", steps=2), data, teacher=tiny_model(tok, seed=1))
-    assert len(h.rows) == 2 and all(r["kl_teacher"] != 0 for r in h.rows)
-    with pytest.raises(ValueError, match="a teacher"):  # a teacher without an objective is not silently ignored
-        rl.train_rl(model, tok, config.make_config("grpo", steps=1, progress=False), data, teacher=model)
-    with pytest.raises(ValueError, match="a teacher"):
+    with pytest.raises(ValueError, match="train_distill"):  # the RL loop never silently ignores the objective
         rl.train_rl(model, tok, cfg_of("reverse_kl", steps=1), data)
+    with pytest.raises(ValueError, match="a teacher"):
+        distill_loop.train_distill(model, tok, config.make_config("grpo", steps=1, progress=False), data,
+                                   teacher=model)
+    with pytest.raises(ValueError, match="a teacher"):
+        distill_loop.train_distill(model, tok, cfg_of("reverse_kl", steps=1), data, teacher=None)
     with pytest.raises(ValueError, match="resume_from"):
-        rl.train_rl(model, tok, cfg_of("reverse_kl", steps=1), data, teacher=model, resume_from="x")
+        distill_loop.train_distill(model, tok, cfg_of("reverse_kl", steps=1), data, teacher=model, resume_from="x")
 
 
 def test_teacher_with_another_vocabulary_is_refused(tok):
@@ -195,7 +198,7 @@ def test_shipped_teacher_is_what_its_info_says():
         "vocab_size"]
 
 
-# --- verl's names ------------------------------------------------------------------------------------------------------
+# --- verl's names ---------------------------------------------------------------------------------------------------
 VERL_WHEEL = Path(__file__).resolve().parent.parent / ".cache" / "verl" / "verl-0.9.1-py3-none-any.whl"
 
 

@@ -51,5 +51,5 @@ from .trl import (
 from .verl import VERL_VERSION, distill_verl_overrides, to_verl, verl_overrides
 
 __all__ = ["DROPPABLE", "TRL_VERSION", "VERL_VERSION", "describe_trl", "describe_verl", "distill_trl_kwargs",
-           "distill_verl_overrides", "engine_equivalents", "pref_trl_kwargs", "rloo_trl_kwargs", "to_trl", "to_verl", "trl_kwargs",
-           "trl_reward_funcs", "verl_overrides"]
+           "engine_equivalents", "pref_trl_kwargs", "rloo_trl_kwargs", "to_trl", "to_verl", "trl_kwargs",
+           "trl_reward_funcs", "verl_overrides", "distill_verl_overrides"]

@@ -167,7 +167,8 @@ def to_verl(cfg: RLConfig) -> str:
 #: (GRPO's advantage) is added, the distillation term weighted by ``distillation_loss_coef``: the loop's mix.
 DISTILL_VERL = {
     "reverse_kl_reward": {"enabled": True, "distillation_loss.loss_mode": "k1",
-                          "distillation_loss.use_policy_gradient": True, "distillation_loss.policy_loss_mode": "vanilla",
+                          "distillation_loss.use_policy_gradient": True,
+                          "distillation_loss.policy_loss_mode": "vanilla",
                           "distillation_loss.use_task_rewards": False},
     "mix": {"enabled": True, "distillation_loss.loss_mode": "k1", "distillation_loss.use_policy_gradient": True,
             "distillation_loss.policy_loss_mode": "vanilla", "distillation_loss.use_task_rewards": True,
@@ -179,8 +180,8 @@ DISTILL_VERL_REFUSED = {
                     "future teacher rewards into it",
     "full_reverse_kl": "verl 0.9.1's only loss over the distribution is forward_kl_topk, the FORWARD KL(q || p) over "
                        "the teacher's top-k tokens; it has no reverse KL over the vocabulary",
-    "generalized_jsd": "verl 0.9.1 has no JSD; its forward_kl_topk is the forward KL (GKD's beta = 0) restricted to the "
-                       "teacher's top-k tokens, not the same loss",
+    "generalized_jsd": "verl 0.9.1 has no JSD; its forward_kl_topk is the forward KL (GKD's beta = 0) restricted to "
+                       "the teacher's top-k tokens, not the same loss",
     "sft_nll": "SFT on the teacher's samples is verl's separate SFT trainer (python -m verl.trainer.sft_trainer) on a "
                "dataset of the teacher's completions, not an option of main_ppo",
 }

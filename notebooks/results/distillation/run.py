@@ -3,7 +3,7 @@ summary.json beside this file (read by notebooks/10_distillation.ipynb).
 
 Every run starts from the shipped cpu warm start (the student, data/warm_start/dense-cpu-s0) and learns from the
 shipped teacher (data/warm_start/teacher-dense-cpu-s0: the same model after the main job's 150 GRPO steps). The arms,
-one ``rl.train_rl`` call each (``teacher=`` hands the distillation arms to ``distill_loop.train_distill``):
+one ``distill_loop.train_distill`` call each (``rl.train_rl`` for GRPO):
 
 - on-policy distillation: the sampled per-token reverse-KL reward (``distill="reverse_kl"``, gamma 0, Tinker's);
 - full-vocab distillation: the exact reverse KL over the 54 tokens at every visited position (``"full_reverse_kl"``);
@@ -74,8 +74,11 @@ def run_one(arm: str, seed: int, teacher, test, first: dict) -> dict:
         if step % EVERY == 0 or step == STEPS:
             row.update(probe(model, teacher, tokenizer, test, seed))
 
-    history = rl.train_rl(model, tokenizer, cfg, tasks.load_split("train"), callback=callback,
-                          teacher=teacher if cfg.distill != "none" else None)
+    if cfg.distill == "none":
+        history = rl.train_rl(model, tokenizer, cfg, tasks.load_split("train"), callback=callback)
+    else:
+        history = distill_loop.train_distill(model, tokenizer, cfg, tasks.load_split("train"), teacher=teacher,
+                                             callback=callback)
     rows = [{"step": 0, **first}, *history.rows]  # step 0: the warm start's probe, the same in every arm
     return {"rows": rows, "seconds": round(time.time() - t0, 1), "start_sha256": start["sha256"]["model.safetensors"]}
 
