@@ -24,6 +24,10 @@ from .precision import PRECISIONS
 
 #: ``RLConfig.distill``: "none" (the RL loop), or the objective of ``distill_loop.train_distill``.
 DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
+#: RLConfig fields the distillation loop does not read: with ``distill`` set they must keep their defaults.
+DISTILL_UNREAD = ("precision", "gradient_checkpointing", "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
+                  "pi_old", "is_correction", "routing_replay", "overlong_shaping", "overlong_filter",
+                  "router_aux_loss_coef", "checkpoint_every", "kl_placement", "adaptive_kl")
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
 PROGRESS_INTERVAL = 10.0
 
@@ -280,6 +284,10 @@ class RLConfig:
         if not 0.0 <= self.distill_gamma <= 1.0 or self.distill_coef < 0 or self.task_coef < 0:
             raise ValueError(f"need distill_gamma in [0, 1], distill_coef >= 0, task_coef >= 0; got "
                              f"{self.distill_gamma}, {self.distill_coef}, {self.task_coef}")
+        unread = [name for name in DISTILL_UNREAD if getattr(self, name) != RLConfig.__dataclass_fields__[name].default]
+        if unread:
+            raise ValueError(f"distill={self.distill!r}: the distillation loop does not read {unread}; leave them at "
+                             f"their defaults")
         if self.distill == "sft" and self.task_coef > 0:
             raise ValueError("distill='sft' trains on the teacher's samples: a task reward on them is not the "
                              "student's (task_coef must be 0)")

@@ -127,6 +127,7 @@ def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *
         if cfg.task_coef > 0:
             task_advantages = cfg.task_coef * adv.group_advantages(scores, cfg.group_size, scale=cfg.adv_scale,
                                                                    eps=cfg.adv_eps)
+        task_advantages = task_advantages.to(batch.completion_mask.device)
         data = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                           n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
                           loss_mask=batch.completion_mask, old_logprobs=None, advantages=task_advantages)

@@ -148,6 +148,7 @@ def test_sft_samples_come_from_the_teacher(tok, monkeypatch):
     (dict(distill="reverse_kl", num_minibatches=1, beta=0.0, task_coef=-1.0), "task_coef >= 0"),
     (dict(distill="sft", num_minibatches=1, beta=0.0, task_coef=1.0), "task_coef must be 0"),
     (dict(task_coef=1.0), "apply with a teacher"),
+    (dict(distill="full_reverse_kl", num_minibatches=1, beta=0.0, precision="bf16-autocast"), "does not read"),
 ])
 def test_config_rejects(overrides, match):
     with pytest.raises(ValueError, match=match):
