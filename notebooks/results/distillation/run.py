@@ -1,5 +1,6 @@
 """On-policy distillation against RL, over seeds: ``python notebooks/results/distillation/run.py`` writes runs/ and
-summary.json beside this file (read by notebooks/10_distillation.ipynb).
+comparison.json beside this file (read by notebooks/10_distillation.ipynb; not named summary.json, which marks a
+``python -m minirl sweep`` result).
 
 Every run starts from the shipped cpu warm start (the student, data/warm_start/dense-cpu-s0) and learns from the
 shipped teacher (data/warm_start/teacher-dense-cpu-s0: the same model after the main job's 150 GRPO steps). The arms,
@@ -135,8 +136,8 @@ def main() -> int:
                     "probe_accuracy": {str(s): p["probe_accuracy"] for s, p in teacher_probe.items()},
                     "target": target, "command": teacher_info["made_by"]["command"]},
         "warm_start_sha256": json.loads((HERE / "runs" / f"{slug('mix')}__s0.json").read_text())["start_sha256"],
-        "wall_seconds_this_call": round(time.time() - t_all, 1), "arms": arms}
-    (HERE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        "wall_seconds": round(time.time() - t_all, 1), "arms": arms}
+    (HERE / "comparison.json").write_text(json.dumps(summary, indent=1) + "\n")
     for arm, a in arms.items():
         print(f"{arm:26s} final accuracy {[round(x[-1], 3) for x in a['accuracy']]}, "
               f"KL {[round(x[-1], 2) for x in a['kl']]}, steps to the teacher's {target:.3f}: {a['steps_to_teacher']}")
