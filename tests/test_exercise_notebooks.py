@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXERCISE_DIR = ROOT / "notebooks" / "exercises"
 NOTEBOOKS = sorted(EXERCISE_DIR.glob("*.ipynb"))
 CHAPTERS = ["00_task_and_models", "01_ppo", "02_grpo", "03_kl_estimators", "04_dapo", "05_gspo_moe", "06_preference",
-            "08_sampler_mismatch"]  # 07 (TRL) has no exercise
+            "07_to_trl", "08_sampler_mismatch", "09_entropy", "10_distillation", "11_stale_samplers"]
+#: Lessons written in parallel with their exercises (issues 36-39): an exercise notebook may precede its lesson until
+#: those branches are merged. Empty this set once notebooks/09_entropy.ipynb .. 11_stale_samplers.ipynb are on main.
+LESSONS_IN_PROGRESS = {"09_entropy", "10_distillation", "11_stale_samplers"}
 ASSIGNMENT = "minirl"
 
 
@@ -47,14 +50,15 @@ def _is_experiment(cell: dict) -> bool:
 
 def test_one_exercise_notebook_per_chapter():
     assert [p.stem for p in NOTEBOOKS] == CHAPTERS  # same names as the main notebooks, in reading order
-    assert all((ROOT / "notebooks" / f"{c}.ipynb").exists() for c in CHAPTERS)
+    missing = {c for c in CHAPTERS if not (ROOT / "notebooks" / f"{c}.ipynb").exists()}
+    assert missing <= LESSONS_IN_PROGRESS, f"exercise notebooks without their lesson: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_nbgrader_source_format(path):
     nb = _load(path)
     solutions, checks = _nbgrader_cells(nb, "solution"), _nbgrader_cells(nb, "grade")
-    assert 2 <= len(solutions) == len(checks) <= 6
+    assert 1 <= len(solutions) == len(checks) <= 7  # 07 has one exercise; 04 six and an experiment
     grade_ids = [c["metadata"]["nbgrader"]["grade_id"] for c in solutions + checks]
     assert len(grade_ids) == len(set(grade_ids))
     for c in solutions:
