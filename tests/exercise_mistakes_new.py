@@ -472,3 +472,68 @@ MINIRL = {
     "decoupled_ppo_terms": stale.decoupled_ppo_terms,
     "off_policy_sequence_mask": stale.off_policy_sequence_mask,
 }
+
+
+#: One wrong submission per exercise of this edition, as a student would write it in the release notebook's solution
+#: cell (self-contained: torch and exp_linear_above only): (mistake, a substring of its hint, the cell's source).
+#: tests/test_exercise_notebooks.py runs them in the stored release and reads the check cells' messages.
+WRONG_SUBMISSIONS = {
+    "gmpo_loss": ("min for every sign (the sign error for A < 0)", "sign error of a min / max", '''
+def gmpo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.4, eps_high=0.4):
+    mask = mask.to(logprobs.dtype)
+    log_ratio = (logprobs - old_logprobs.detach()) * mask
+    pessimistic = torch.minimum(log_ratio, log_ratio.clamp(-eps_low, eps_high))  # the same side for every sign
+    n = mask.sum(-1)
+    weight = exp_linear_above((pessimistic * mask).sum(-1) / n.clamp(min=1))
+    valid = (n > 0).to(weight.dtype)
+    return (-advantages * weight * valid).sum() / valid.sum().clamp(min=1)
+'''),
+    "ratio_weighted_k3": ("ratio detached", "FORWARD KL's", '''
+def ratio_weighted_k3(logprobs, old_logprobs, ref_logprobs, mask):
+    valid = mask > 0
+    lp = torch.where(valid, logprobs, 0.0)
+    ratio = exp_linear_above(lp - torch.where(valid, old_logprobs, 0.0)).detach()  # sg[ratio]
+    log_r = torch.where(valid, ref_logprobs, lp.detach()) - lp
+    return torch.where(valid, ratio * (exp_linear_above(log_r) - 1 - log_r), 0.0)
+'''),
+    "token_covariance": ("means per row", "not of each row", '''
+def token_covariance(logprobs, advantages, mask):
+    m = mask.float()
+    lp = logprobs.detach()
+    a = advantages.unsqueeze(1).expand_as(lp)
+    n = m.sum(-1, keepdim=True).clamp(min=1)
+    return (lp - (lp * m).sum(-1, keepdim=True) / n) * (a - (a * m).sum(-1, keepdim=True) / n) * m
+'''),
+    "pass_at_k": ("biased 1 - (1 - c/n)^k", "WITH replacement", '''
+def pass_at_k(num_samples, num_correct, k):
+    if k > int(num_samples.min()):
+        raise ValueError("k > n")
+    return 1 - (1 - num_correct.double() / num_samples.double()) ** k
+'''),
+    "reverse_kl_reward": ("summed over the prompt (mask ignored)", "KL summed over the prompt", '''
+def reverse_kl_reward(logprobs, teacher_logprobs, mask):
+    return (teacher_logprobs - logprobs).detach()
+'''),
+    "full_reverse_kl": ("forward KL(q || p)", "FORWARD KL(q || p)", '''
+def full_reverse_kl(logits, teacher_logits, mask, *, temperature=1.0):
+    log_p = (logits / temperature).log_softmax(-1)
+    log_q = (teacher_logits.detach() / temperature).log_softmax(-1)
+    return (log_q.exp() * (log_q - log_p)).sum(-1) * mask
+'''),
+    "decoupled_ppo_terms": ("clip around the behaviour policy", "around the stale", '''
+def decoupled_ppo_terms(logprobs, prox_logprobs, behaviour_logprobs, advantages, mask, *, eps_low=0.2,
+                        eps_high=None, weight_cap=None):
+    eps_high = eps_low if eps_high is None else eps_high
+    valid = mask > 0
+    ratio = exp_linear_above(torch.where(valid, logprobs - behaviour_logprobs.detach(), 0.0))  # naive PPO: mu as pi_old
+    a = torch.where(valid, advantages.unsqueeze(1), 0.0)
+    return torch.where(valid, torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps_low, 1 + eps_high)), 0.0)
+'''),
+    "off_policy_sequence_mask": ("positive advantages dropped too", "NEGATIVE advantage", '''
+def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, threshold):
+    valid = mask > 0
+    log_r = torch.where(valid, sampler_logprobs - logprobs, 0.0)
+    mean = log_r.sum(-1) / valid.sum(-1).clamp(min=1)
+    return (mean <= threshold).to(logprobs.dtype)  # the advantage's sign ignored
+'''),
+}

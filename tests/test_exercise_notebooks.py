@@ -299,6 +299,38 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
     assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "01_ppo.html").read_text()
 
 
+@pytest.mark.slow
+def test_the_release_names_the_mistake_of_a_wrong_submission(monkeypatch):
+    """The round trip of issue 40's new exercises on the STORED release, as a student meets it: each release notebook
+    with a wrong submission (tests/exercise_mistakes_new.py, WRONG_SUBMISSIONS) in the solution cell, executed top to
+    bottom; its check cell fails with the hint that names the mistake (blank and solved: the nbgrader round trip)."""
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+    from exercise_mistakes_new import WRONG_SUBMISSIONS
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    by_notebook: dict[str, list[str]] = {}
+    for name in WRONG_SUBMISSIONS:
+        chapter = exercises.EXERCISES[name].chapter
+        by_notebook.setdefault(next(p.name for p in NOTEBOOKS if p.name.startswith(chapter)), []).append(name)
+    for notebook, names in by_notebook.items():
+        nb = nbformat.read(EXERCISE_DIR / "release" / notebook, as_version=4)
+        for cell in nb.cells:
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+            if grade_id.removesuffix("-solution") in names and grade_id.endswith("-solution"):
+                cell.source = WRONG_SUBMISSIONS[grade_id.removesuffix("-solution")][2].strip("\n")
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                                resources={"metadata": {"path": str(EXERCISE_DIR / "release")}}).execute()
+        for name in names:
+            check = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") ==
+                         f"{name}-check")
+            errors = [f"{o.ename}: {o.evalue}" for o in check.outputs if o.output_type == "error"]
+            mistake, hint, _ = WRONG_SUBMISSIONS[name]
+            assert errors and errors[0].startswith(f"AssertionError: {name}: case "), (name, errors)
+            assert hint in errors[0], (name, mistake, errors[0])
+
+
 def test_experiment_check_reads_a_run_with_the_spreads_tolerance():
     """A run equal to a stored seed up to round-off is never "outside" (issue 40: 0.06769262 against a stored
     0.06769300 read "(min 0.0677) outside the stored range"); the tolerance is the seeds' standard deviation."""
