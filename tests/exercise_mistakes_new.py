@@ -224,6 +224,13 @@ def pass_float_binomials(n, c, k):
                          else math.nan for a, b in zip(n.tolist(), c.tolist(), strict=True)], dtype=torch.float64)
 
 
+def pass_shortcut_without_check_of_k(n, c, k):
+    """The stable product with its 'n - c < k: 1.0' shortcut and no check of k <= n: an unsolved problem (c = 0)
+    with k > n scores 1 (openai/human-eval issue #35, PR #68)."""
+    return torch.tensor([1.0 if a - b < k else 1.0 - math.prod(1.0 - k / i for i in range(a - b + 1, a + 1))
+                         for a, b in zip(n.tolist(), c.tolist(), strict=True)], dtype=torch.float64)
+
+
 def pass_no_check_of_k(n, c, k):
     return torch.tensor([1 - math.comb(a - b, k) / math.comb(a, k) for a, b in zip(n.tolist(), c.tolist(),
                                                                                    strict=True)])
@@ -430,6 +437,8 @@ MISTAKES = [
     ("pass_at_k", "the mean over problems", pass_mean_over_problems, "one value per problem"),
     ("pass_at_k", "binomials in float64", pass_float_binomials, "beyond float64"),
     ("pass_at_k", "no check of k <= n", pass_no_check_of_k, "raise ValueError"),
+    ("pass_at_k", "the n - c < k shortcut without the check (human-eval #35)", pass_shortcut_without_check_of_k,
+     "scores a problem with no correct sample as solved"),
     ("reverse_kl_reward", "sign flipped (the KL as a reward)", reward_sign_flipped, "MINUS the student's log-ratio"),
     ("reverse_kl_reward", "k3 in the reward", reward_k3, "k3 is an estimate of the KL to put in a LOSS"),
     ("reverse_kl_reward", "summed over the prompt (mask ignored)", reward_over_the_prompt, "KL summed over the prompt"),

@@ -86,7 +86,9 @@ PER_PROBLEM = ("return one value per problem, (P,): the benchmark's pass@k is th
                "another function")
 OVERFLOW = ("C(3000, 400) is about 10^510, beyond float64 (about 10^308): compute the ratio C(n - c, k) / C(n, k) as "
             "the product prod_{i = n-c+1}^{n} (1 - k / i) (Chen et al.'s stable form), or with exact integers")
-K_TOO_LARGE = "k > n leaves no draw of k samples: raise ValueError naming k and n"
+K_TOO_LARGE = ("k > n leaves no draw of k samples: raise ValueError naming k and n (returning 1 there, as the "
+               "'n - c < k' shortcut does when nothing checks k <= n, scores a problem with no correct sample as "
+               "solved)")
 
 
 def _counts(n, c):
@@ -125,7 +127,7 @@ def _(fn, gen):
 
 @_case(ex, "k larger than n", K_TOO_LARGE)
 def _(fn, gen):
-    _expect_raises(lambda: fn(*_counts([5, 3], [2, 1]), 4), ValueError, None)
+    _expect_raises(lambda: fn(*_counts([5, 3], [2, 0]), 4), ValueError, None)  # k = 4 > n = 3, nothing correct
 
 
 @_case(ex, "random problems against the definition", BIASED)
