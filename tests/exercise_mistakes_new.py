@@ -6,7 +6,11 @@ tests/test_exercises.py runs them with the kit's other mistakes (MISTAKES, MINIR
 Where the field made the mistake in public, it is that bug: the min / max clip whose side does not follow the
 advantage's sign (GMPO's and decoupled PPO's "min for A < 0"), the biased pass@k 1 - (1 - c/n)^k, the forward KL
 where on-policy distillation minimises the reverse one, a teacher that is not detached, a KL summed over the prompt,
-naive PPO's clip around the stale sampler instead of the proximal policy.
+naive PPO's clip around the stale sampler instead of the proximal policy. The public reports: verl PR #7240 (best@k
+resampled with replacement), openai/human-eval issue #35 (1.0 for k > n with nothing correct), the review of
+modelscope/twinkle PR #112 (forward and reverse KL swapped in F.kl_div), the review of TRL PR #6526 (a teacher that
+tracks gradients), TRL PR #7120 (AsyncGRPO's ratio against the sampler) and radixark/miles PR #1829 (a clip anchored on
+a recomputed policy with no behaviour-to-proximal weight).
 """
 
 from __future__ import annotations

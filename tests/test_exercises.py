@@ -4,7 +4,8 @@ that calls the minirl function it reimplements, and rejects every named realisti
 Each wrong implementation below is a bug the field has made in public (token-mean vs sequence mean, ddof, eps inside
 the sqrt, k3 upside down, an old log-prob that is not detached, a mask from the pad id, k3 in the reward, GSPO's
 sequence term broadcast over tokens, GAE reading the value of padding, clip without eps_high, ...). The hand
-arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch06.py.
+arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch11.py; the mistakes of
+the exercises issue 40 added (04's gmpo_loss, 07, 09, 10, 11) are in tests/exercise_mistakes_new.py.
 """
 
 from __future__ import annotations
