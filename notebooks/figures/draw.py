@@ -6,6 +6,7 @@ boxes, arrows and a few formulas, no measured result: a figure a lesson quotes c
 Deterministic: the same matplotlib gives the same bytes (no timestamp or version in the PNG's metadata).
 """
 
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -112,8 +113,10 @@ def grpo_group():
     fig, ax = canvas(10, 3.6)
     title(ax, 10, 3.6, "GRPO: the group of G answers to one prompt is the baseline")
     box(ax, 0.2, 1.5, 1.4, 0.7, "one prompt\n2+1+2+1+2=")
-    rewards, adv = [1, 0, 0, 0], ["+1.50", "-0.50", "-0.50", "-0.50"]
-    for i, (r, a) in enumerate(zip(rewards, adv)):
+    rewards = [1, 0, 0, 0]  # notebook 02's worked example: mean 0.25, unbiased std 0.5
+    mean, std = statistics.mean(rewards), statistics.stdev(rewards)
+    adv = [f"{(r - mean) / (std + 1e-4):+.2f}" for r in rewards]
+    for i, (r, a) in enumerate(zip(rewards, adv, strict=True)):
         y = 2.55 - i * 0.7
         box(ax, 2.3, y, 1.7, 0.5, f"completion {i + 1}", TRAINED, size=8)
         box(ax, 4.5, y, 0.8, 0.5, f"r = {r}", RULE, size=8)
@@ -121,7 +124,7 @@ def grpo_group():
         arrow(ax, (1.6, 1.85), (2.3, y + 0.25))
         arrow(ax, (4.0, y + 0.25), (4.5, y + 0.25))
         arrow(ax, (6.9, y + 0.25), (7.6, y + 0.25))
-    box(ax, 5.6, 0.55, 1.3, 2.5, "group\nmean 0.25\nstd 0.5\n\nA = (r - mean)\n/ (std + eps)", DATA, size=8)
+    box(ax, 5.6, 0.55, 1.3, 2.5, f"group\nmean {mean:g}\nstd {std:g}\n\nA = (r - mean)\n/ (std + eps)", DATA, size=8)
     for i in range(4):
         arrow(ax, (5.3, 2.8 - i * 0.7), (5.6, 2.8 - i * 0.7))
     ax.text(9.35, 1.8, "every token of\na completion\ngets its A;\nno critic", ha="center", va="center", fontsize=8,
@@ -240,8 +243,8 @@ def sampler_mismatch():
     arrow(ax, (5.6, 2.55), (6.4, 2.55))
     box(ax, 0.2, 0.3, 4.4, 1.2, "dense or MoE: re-weight the samples\nTIS: min(pi_old / mu, C)\n"
         "MIS: pi_old / mu inside [C_min, C_max], else 0", RULE, size=8)
-    box(ax, 5.2, 0.3, 4.6, 1.2, "MoE only: whose experts does the trainer use?\nR2: its own pi_old routes (notebook 05)\n"
-        "R3: the sampler's routes, recorded at sampling", CRITIC, size=8)
+    box(ax, 5.2, 0.3, 4.6, 1.2, "MoE only: whose experts does the trainer use?\n"
+        "R2: its own pi_old routes (notebook 05)\nR3: the sampler's routes, recorded at sampling", CRITIC, size=8)
     arrow(ax, (7.55, 2.1), (2.4, 1.5), "ratio pi_old / mu", offset=(0, -0.05), rad=0.1)
     arrow(ax, (7.55, 2.1), (7.5, 1.5))
     return fig
