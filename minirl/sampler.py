@@ -57,8 +57,8 @@ def make_sampler(model: torch.nn.Module, *, dtype: str = "float32", logit_noise:
         ValueError: on an unknown dtype, negative noise, or router noise on a model without routers.
 
     Source: the sampler/trainer mismatch of Yao et al. 2025 ("Your efficient RL framework secretly brings you
-    off-policy RL training") and, for routing, Ma et al. 2025 (arXiv 2510.11370, section 3); fp16 against bf16:
-    Qi et al. 2025 ("Defeating the training-inference mismatch via FP16", arXiv 2510.26788).
+    off-policy RL training") and, for routing, Ma et al. 2025 (arXiv 2510.11370, section 3); Qi et al. 2025
+    ("Defeating the training-inference mismatch via FP16", arXiv 2510.26788) for float16 against bfloat16.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
