@@ -52,6 +52,15 @@ def check_settings(cfg: RLConfig) -> None:
                          f"kl_estimator='k3', got beta={cfg.beta}, {cfg.kl_placement!r}, {cfg.kl_estimator!r}")
 
 
+def check_resume(step: int, cfg: RLConfig) -> None:
+    """A run resumed after ``step`` restarts its sampler from the trainer's weights: the uninterrupted run's sampler
+    is those weights only when it reloaded them after that step. Raise ValueError otherwise (a stale sampler's
+    weights are not checkpointed)."""
+    if not sync_due(step, cfg):
+        raise ValueError(f"resuming after step {step} with sampler_sync_every={cfg.sampler_sync_every}: the sampler's "
+                         f"stale weights are not in the checkpoint; resume from a step that is a multiple of it")
+
+
 def truncating(cfg: RLConfig) -> bool:
     """Whether the rollouts' sampler truncates its distribution (top-k or top-p on)."""
     return cfg.top_k > 0 or cfg.top_p < 1.0

@@ -100,7 +100,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
-        sync_sampler(sampler, model)
+        sync_sampler(sampler, model)  # exact only at a step the sampler reloads (offpolicy.check_resume)
+        offpolicy.check_resume(start, cfg)
     elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
                                            reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))

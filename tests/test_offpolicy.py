@@ -342,6 +342,9 @@ def test_updates_behind_and_sync_by_hand():
     assert [offpolicy.sync_due(s, cfg) for s in range(1, 7)] == [False, False, True, False, False, True]
     cfg = config.make_config("grpo", sampler_sync_every=2, num_minibatches=1, num_iterations=2)
     assert [offpolicy.updates_behind(s, cfg) for s in range(1, 5)] == [0, 2, 0, 2]
+    offpolicy.check_resume(4, cfg)  # the sampler reloaded after step 4: a resumed run is exact
+    with pytest.raises(ValueError, match="sampler_sync_every"):
+        offpolicy.check_resume(3, cfg)
 
 
 @pytest.mark.parametrize("cap", [None, 1.5])

@@ -22,8 +22,8 @@ def main() -> None:
         left.plot(t, 0, "s", color="tab:green", ms=10)
         left.text(t + 0.08, 0.45, "sync", color="tab:green", fontsize=9)
     for t in (1, 2, 3):
-        left.annotate("", xy=(t, 0.9), xytext=(0.15, 0.05), arrowprops=dict(arrowstyle="->", color="tab:orange",
-                                                                               alpha=0.8, connectionstyle="arc3,rad=-0.2"))
+        arrow = dict(arrowstyle="->", color="tab:orange", alpha=0.8, connectionstyle="arc3,rad=-0.2")
+        left.annotate("", xy=(t, 0.9), xytext=(0.15, 0.05), arrowprops=arrow)
     left.text(1.3, -0.42, r"rollouts of $\mu = \pi_{\theta_0}$ train $\theta_1, \theta_2, \theta_3$:"
               "\n" r"the sampler is 0-3 updates behind", fontsize=9, color="tab:orange")
     left.text(-0.3, 1.45, "trainer", color="tab:blue", fontsize=10)
@@ -35,10 +35,10 @@ def main() -> None:
     # right: a top-p sampler keeps the smallest top set of mass >= p and renormalises it
     probs = [0.38, 0.24, 0.16, 0.09, 0.06, 0.04, 0.02, 0.01]
     kept = [True, True, True, True, False, False, False, False]  # top-p 0.8: mass S = 0.87
-    S = sum(p for p, k in zip(probs, kept) if k)
+    S = sum(p for p, k in zip(probs, kept, strict=True) if k)
     xs = range(len(probs))
     right.bar([x - 0.2 for x in xs], probs, width=0.4, color="tab:blue", label=r"trainer $\pi$")
-    right.bar([x + 0.2 for x in xs], [p / S if k else 0 for p, k in zip(probs, kept)], width=0.4,
+    right.bar([x + 0.2 for x in xs], [p / S if k else 0 for p, k in zip(probs, kept, strict=True)], width=0.4,
               color="tab:orange", label=r"sampler $\mu = \pi / S$ on the kept set")
     right.axvspan(3.5, 7.6, color="grey", alpha=0.15)
     right.text(4.0, 0.16, "dropped:\nnever sampled", fontsize=9)
