@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from . import importance, kl, stale
-from .sampler import make_sampler
+from .sampler import make_sampler, sync_sampler
 
 if TYPE_CHECKING:  # config.py imports this module for check_settings
     from .config import RLConfig
@@ -52,13 +52,17 @@ def check_settings(cfg: RLConfig) -> None:
                          f"kl_estimator='k3', got beta={cfg.beta}, {cfg.kl_placement!r}, {cfg.kl_estimator!r}")
 
 
-def check_resume(step: int, cfg: RLConfig) -> None:
-    """A run resumed after ``step`` restarts its sampler from the trainer's weights: the uninterrupted run's sampler
-    is those weights only when it reloaded them after that step. Raise ValueError otherwise (a stale sampler's
-    weights are not checkpointed)."""
+def resume_sampler(sampler: torch.nn.Module, model: torch.nn.Module, step: int, cfg: RLConfig) -> None:
+    """A run resumed after ``step`` restarts its sampler from the trainer's weights (``sampler.sync_sampler``): the
+    uninterrupted run's sampler holds those weights only when it reloaded them after that step.
+
+    Raises:
+        ValueError: when it did not (a stale sampler's weights are not checkpointed).
+    """
     if not sync_due(step, cfg):
         raise ValueError(f"resuming after step {step} with sampler_sync_every={cfg.sampler_sync_every}: the sampler's "
                          f"stale weights are not in the checkpoint; resume from a step that is a multiple of it")
+    sync_sampler(sampler, model)
 
 
 def truncating(cfg: RLConfig) -> bool:
@@ -86,6 +90,12 @@ def make_step_sampler(model: torch.nn.Module, cfg: RLConfig) -> torch.nn.Module:
 def sync_due(step: int, cfg: RLConfig) -> bool:
     """Whether the sampler reloads the weights after ``step`` (1-based): every ``sampler_sync_every`` steps."""
     return step % cfg.sampler_sync_every == 0
+
+
+def sync_if_due(sampler: torch.nn.Module, model: torch.nn.Module, step: int, cfg: RLConfig) -> None:
+    """After ``step``'s updates: the sampler reloads the trainer's weights when ``sync_due`` (every step by default)."""
+    if sync_due(step, cfg):
+        sync_sampler(sampler, model)
 
 
 def updates_behind(step: int, cfg: RLConfig) -> int:
@@ -144,8 +154,7 @@ def kl_terms(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, mask:
 
 
 @torch.no_grad()
-def staleness_metrics(step: int, cfg: RLConfig, *, sampler_logprobs: Tensor | None, old_logprobs: Tensor | None,
-                      completion_mask: Tensor) -> dict:
+def staleness_metrics(step: int, cfg: RLConfig, batch, old_logprobs: Tensor | None) -> dict:
     """The step's staleness, logged only with ``sampler_sync_every`` > 1 (the default row is unchanged).
 
     - ``sampler_updates_behind``: ``updates_behind``, optimiser updates the rollout's sampler lags the trainer by;
@@ -155,8 +164,8 @@ def staleness_metrics(step: int, cfg: RLConfig, *, sampler_logprobs: Tensor | No
     Args:
         step: the step (1-based).
         cfg: the config.
-        sampler_logprobs, old_logprobs: (B, T), or None.
-        completion_mask: (B, T).
+        batch: the step's ``rollout.Rollout`` (its ``sampler_logprobs`` and ``completion_mask``, (B, T)).
+        old_logprobs: (B, T) the recomputed pi_old, or None.
 
     Returns:
         dict of floats (empty when the sampler is synced every step).
@@ -164,6 +173,6 @@ def staleness_metrics(step: int, cfg: RLConfig, *, sampler_logprobs: Tensor | No
     if cfg.sampler_sync_every == 1:
         return {}
     row = {"sampler_updates_behind": float(updates_behind(step, cfg))}
-    if old_logprobs is not None and sampler_logprobs is not None and cfg.pi_old == "recomputed":
-        row["staleness_k3"] = float(stale.staleness_kl(sampler_logprobs, old_logprobs, completion_mask))
+    if old_logprobs is not None and batch.sampler_logprobs is not None and cfg.pi_old == "recomputed":
+        row["staleness_k3"] = float(stale.staleness_kl(batch.sampler_logprobs, old_logprobs, batch.completion_mask))
     return row

@@ -37,7 +37,6 @@ from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
 from .moe import Routes, capture_router_logits, load_balancing_loss, record_routing, replay_routing, routers
-from .sampler import sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
@@ -100,8 +99,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
-        sync_sampler(sampler, model)  # exact only at a step the sampler reloads (offpolicy.check_resume)
-        offpolicy.check_resume(start, cfg)
+        offpolicy.resume_sampler(sampler, model, start, cfg)  # the trainer's weights: exact where it reloads
     elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
                                            reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
@@ -134,16 +132,14 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
-        if offpolicy.sync_due(step, cfg):  # the sampler reloads the new weights, as an inference engine does
-            sync_sampler(sampler, model)
+        offpolicy.sync_if_due(sampler, model, step, cfg)  # the sampler reloads the weights, as an engine does
         t_opt = time.time() - t_opt
         # 5. log
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
         row.update({name: float(np.mean(values)) for name, values in logged.items()})
-        row.update(offpolicy.staleness_metrics(step, cfg, sampler_logprobs=batch.sampler_logprobs,
-                                               old_logprobs=old_logprobs, completion_mask=mask))
+        row.update(offpolicy.staleness_metrics(step, cfg, batch, old_logprobs))  # with sampler_sync_every > 1
         if source == "recomputed" and sampler is not model:  # the sampler/trainer gap, as the engines log it
             row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
                 old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,

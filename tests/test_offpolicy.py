@@ -172,8 +172,7 @@ def test_defaults_are_off():
     cfg = config.make_config("grpo")
     assert (cfg.top_k, cfg.top_p, cfg.keep_sampling_mask, cfg.sampler_sync_every, cfg.off_policy_mask_threshold,
             cfg.kl_ratio_weighted) == (0, 1.0, False, 1, None, False)
-    assert not offpolicy.truncating(cfg) and offpolicy.staleness_metrics(
-        3, cfg, sampler_logprobs=None, old_logprobs=None, completion_mask=torch.ones(1, 1)) == {}
+    assert not offpolicy.truncating(cfg) and offpolicy.staleness_metrics(3, cfg, None, None) == {}
 
 
 # ================================================================================ 2. the loop's loss options
@@ -342,9 +341,16 @@ def test_updates_behind_and_sync_by_hand():
     assert [offpolicy.sync_due(s, cfg) for s in range(1, 7)] == [False, False, True, False, False, True]
     cfg = config.make_config("grpo", sampler_sync_every=2, num_minibatches=1, num_iterations=2)
     assert [offpolicy.updates_behind(s, cfg) for s in range(1, 5)] == [0, 2, 0, 2]
-    offpolicy.check_resume(4, cfg)  # the sampler reloaded after step 4: a resumed run is exact
+    model = torch.nn.Linear(2, 2)
+    sampler = make_sampler(model, separate=True)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    offpolicy.sync_if_due(sampler, model, 3, cfg)  # not due: the sampler keeps its old weights
+    assert not torch.equal(sampler.weight, model.weight)
     with pytest.raises(ValueError, match="sampler_sync_every"):
-        offpolicy.check_resume(3, cfg)
+        offpolicy.resume_sampler(sampler, model, 3, cfg)
+    offpolicy.resume_sampler(sampler, model, 4, cfg)  # the sampler reloaded after step 4: a resumed run is exact
+    assert torch.equal(sampler.weight, model.weight)
 
 
 @pytest.mark.parametrize("cap", [None, 1.5])
