@@ -54,7 +54,8 @@ class Rollout:
         rewards_per_func: (B, K) each reward function's score, NaN where it returned None; filled by the RL loop
             for GDPO (``advantages.gdpo_advantages``), else None.
         kept: (B, T, V) bool, the top-k / top-p sampler's kept set at each position (``truncation.kept_mask``),
-            all True after EOS; None when the sampler does not truncate.
+            all True after EOS; None when the sampler does not truncate. B x T x V bytes: small here, 1.6 GB for
+            64 x 160 tokens at V = 151,936 (a real run would keep the kept ids, or the boundary logit, instead).
     """
 
     input_ids: Tensor
