@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import advantages, importance, kl, losses
+from . import advantages, importance, kl, losses, offpolicy
 from .checks import choice
 from .precision import PRECISIONS
 
@@ -142,7 +142,7 @@ class RLConfig:
     replay_source: str = "trainer"  # routing replay's routes: "trainer" (R2: pi_old's recomputing forward) or
     # "sampler" (R3: the experts the sampler used while decoding, Ma et al. 2025)
     # --- a sampler that is not the trainer (sampler.py, importance.py); the defaults change nothing
-    sampler_dtype: str = "float32"  # "float32" (the trainer itself) or "bfloat16" (a copy, synced every update)
+    sampler_dtype: str = "float32"  # "float32" (the trainer itself), "bfloat16" or "float16" (a copy, synced)
     sampler_logit_noise: float = 0.0  # std (nats) of noise on the sampler's next-token logits
     sampler_router_noise: float = 0.0  # std of noise on the sampler's MoE router logits
     pi_old: str = "recomputed"  # importance.PI_OLD: the trainer's recomputed pi_old, or "naive" (the sampler's)
@@ -150,6 +150,15 @@ class RLConfig:
     is_cap: float = 2.0  # C of TIS / C_max of MIS, on the weight pi_old / sampler (Yao et al.: 2; TRL's default 3)
     is_cap_low: float | None = None  # optional C_min: TIS raises weights to it, MIS masks those below it
     is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
+    # --- stale and truncated samplers (truncation.py, stale.py, offpolicy.py); the defaults change nothing
+    top_k: int = 0  # the rollouts' top-k (0: off); the kept sets are recorded per token (Rollout.kept)
+    top_p: float = 1.0  # the rollouts' nucleus mass (1.0: off); evaluation always samples the full distribution
+    keep_sampling_mask: bool = False  # renormalise the trainer's log-probs over the sampler's kept sets
+    # (DeepSeek-V3.2); off, they are the full vocabulary's and pi_old / mu = S, the kept mass, before any update
+    sampler_sync_every: int = 1  # the sampler reloads the weights every k steps: k > 1 is a stale copy, up to
+    # (k - 1) x num_minibatches x num_iterations updates behind (asynchronous RL); 1: synced after every step
+    off_policy_mask_threshold: float | None = None  # drop A < 0 sequences whose mean log(mu / pi) exceeds it
+    kl_ratio_weighted: bool = False  # the KL in the loss is (pi / pi_old) k3 (TRL's use_bias_correction_kl)
     router_aux_loss_coef: float = 0.0  # weight of the router's load-balancing loss (moe.load_balancing_loss) in the
     # objective; 0 (default) leaves it out. TRL's router_aux_loss_coef; the MoE model's own config says 0.001
     # --- a real model (precision.py, memory.py); the defaults are the toy's exact float32 loop
@@ -197,7 +206,8 @@ class RLConfig:
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
-        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
+        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16", "float16"))
+        offpolicy.check_settings(self)
         choice("precision", self.precision, PRECISIONS)
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")

@@ -75,6 +75,7 @@ PAPERS = [
     ("DeepSeek-AI 2025 (DeepSeek-V3.2: keep sampling mask, off-policy sequence masking, unbiased KL)",
      r"DeepSeek-V3\.2|2512\.02556"),
     ("Fu et al. 2025 (AReaL, decoupled PPO)", r"\bFu et al|2505\.24298"),
+    ("Qi et al. 2025 (Defeating the training-inference mismatch via FP16)", r"\bQi et al|2510\.26788"),
     ("Holtzman et al. 2020 (nucleus sampling, top-p)", r"Holtzman"),
 ]
 #: Engine source a docstring cites beside its papers (an entry like "TRL 1.16 ``GRPOTrainer._compute_loss``"): not a

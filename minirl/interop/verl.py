@@ -53,6 +53,11 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     """
     cfg.validate()
     _simulated_sampler(cfg)
+    if cfg.off_policy_mask_threshold is not None:  # verl's rejection masks both signs, on pi_old / mu, not pi / mu
+        raise _missing("off_policy_mask_threshold", "verl 0.9.1's nearest, algorithm.rollout_correction.rollout_rs="
+                       "seq_mean_k1, masks sequences of either advantage sign by mean log(pi_old / mu)")
+    if cfg.kl_ratio_weighted:
+        raise _missing("kl_ratio_weighted", "verl 0.9.1's kl loss (use_kl_loss) is not weighted by pi / pi_old")
     if cfg.routing_replay:
         raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
                        f"{'R3' if cfg.replay_source == 'sampler' else 'R2'} (Megatron and VeOmni engines only), "
@@ -83,8 +88,9 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         out += [f"algorithm.gamma={cfg.gamma}", f"algorithm.lam={cfg.lam}", f"critic.optim.lr={cfg.value_lr}",
                 f"critic.cliprange_value={cfg.value_clip if cfg.value_clip is not None else 1e9}"]
     out += [f"data.train_batch_size={cfg.prompts_per_step}", f"{r}.n={cfg.group_size}",
-            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}", f"{r}.top_k=-1",
-            f"{r}.top_p=1.0", f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
+            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}",
+            f"{r}.top_k={cfg.top_k or -1}", f"{r}.top_p={cfg.top_p}",
+            f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
             f"{a}.ppo_micro_batch_size_per_gpu={lay['per_device']}", f"trainer.n_gpus_per_node={num_processes}",
             f"{a}.ppo_epochs={cfg.num_iterations}",
             f"{a}.optim.lr={cfg.lr}", f"{a}.optim.weight_decay={cfg.weight_decay}",
