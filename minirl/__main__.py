@@ -193,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (default all)")
     own.add_argument("--generation-batch-size", type=int, default=None, help="rows per decode loop (default all)")
     own.add_argument("--logprob-batch-size", type=int, default=None, help="rows per no-grad log-prob forward")
+    own.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (peft, the [lora] "
+                                                            "extra; the reference is the adapter off); 0: all weights")
+    own.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA's alpha (output scaled by alpha / rank)")
+    own.add_argument("--lora-target-modules", default="all-linear", help="all-linear or e.g. q_proj,v_proj")
+    own.add_argument("--report-to", default="none", choices=("none", "tensorboard"),
+                     help="also write the metrics as TensorBoard scalars under OUT/tensorboard")
     own.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: none)")
     own.add_argument("--resume", default=None, help="a checkpoint-N folder, or 'latest' under --out")
     own.add_argument("--attn-implementation", default="sdpa", help="sdpa (default) or eager")
@@ -223,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or f"runs/{args.algo}-{Path(args.model.rstrip('/')).name}"
         sizes = {k: getattr(args, k) for k in ("prompts_per_step", "group_size", "max_new_tokens", "lr", "precision",
                                                 "gradient_checkpointing", "micro_batch_size", "generation_batch_size",
-                                                "logprob_batch_size", "checkpoint_every", "seed")}
+                                                "logprob_batch_size", "checkpoint_every", "seed", "lora_rank",
+                                                "lora_alpha", "lora_target_modules", "report_to")}
         sizes.update({"steps": args.steps} if args.steps else {}, **({"beta": args.beta} if args.beta is not None
                                                                       else {}))
         if args.gdpo:
@@ -234,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                             attn_implementation=args.attn_implementation, **sizes)
         print(f"\n{args.algo} on {args.model}, {summary['steps']} steps, {summary['seconds']} s: mean reward "
               f"{summary['first_reward']:.3f} (first step) -> {summary['last_reward']:.3f} (last step)")
-        print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/policy/ (models.load reads it)"
+        print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/policy/ (models.load reads it"
+              + ("; the LoRA adapter only" if args.lora_rank else "") + ")"
+              + (f", {out}/tensorboard/" if args.report_to != "none" else "")
               + (f"; checkpoint-N/ every {args.checkpoint_every} step(s)" if args.checkpoint_every else ""))
         return 0
     if args.command == "train":

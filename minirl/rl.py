@@ -31,7 +31,7 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import checkpoint, importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
+from . import checkpoint, importance, kl, lora, losses, models, precision, rewards, rollout, sampling, tasks, tracking
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -80,6 +80,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
     cfg.validate()
+    model = lora.attach(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target=cfg.lora_target_modules,
+                        seed=cfg.seed)  # a LoRA adapter when asked, else the model itself
     precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.router_aux_loss_coef > 0:
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
@@ -98,6 +100,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history, start = cfg.beta, History(), 0
+    board = tracking.reporter(cfg.report_to, output_dir)  # TensorBoard beside metrics.jsonl, when asked
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
@@ -153,28 +156,32 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
+        board.log(history.rows[-1])
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             checkpoint.save(Path(output_dir) / f"checkpoint-{step}", step=step, cfg=cfg, model=model,
                             tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
                             ref_model=ref_model, critic=critic)
     if output_dir is not None:
-        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)
+        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)  # the adapter only under LoRA
+    board.close()
     return history
 
 
 # ------------------------------------------------------------------------------------------------ setup
 def reference_model(model, ref_model, cfg: RLConfig):
-    """The frozen reference: the one given, or a copy of the policy when beta > 0 needs one; None otherwise."""
+    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy (under LoRA the policy
+    with its adapter switched off, ``lora.AdapterOff``: no second copy); None otherwise."""
     if ref_model is None and cfg.beta > 0:
-        ref_model = copy.deepcopy(model)
+        ref_model = lora.AdapterOff(model) if lora.is_lora(model) else copy.deepcopy(model)
     if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return ref_model
 
 
 def make_optimizer(model, critic, cfg: RLConfig) -> torch.optim.Optimizer:
-    """One AdamW over the policy (lr) and, for PPO, the critic (value_lr) as a second parameter group."""
-    groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
+    """One AdamW over the policy's trainable weights (lr; under LoRA the adapter's) and, for PPO, the critic
+    (value_lr) as a second parameter group."""
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr}]
     if critic is not None:
         groups.append({"params": list(critic.parameters()), "lr": cfg.value_lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
