@@ -86,6 +86,11 @@ def attach(model, *, rank: int, alpha: float, target: str, seed: int = 0):
         return peft.get_peft_model(model, config)
 
 
+def attach_for(model, cfg):
+    """``attach`` with an RLConfig's settings: lora_rank, lora_alpha, lora_target_modules, and its seed."""
+    return attach(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target=cfg.lora_target_modules, seed=cfg.seed)
+
+
 class AdapterOff:
     """The reference policy under LoRA: the policy's own base weights with the adapter switched off.
 

@@ -59,29 +59,26 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         reward_weights: one weight per reward function (default 1 each).
         ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
-        callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
-            ``row`` (e.g. a measurement on fresh samples) are logged with it.
-        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained`` of model and tokenizer)
-            and a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``); None saves nothing.
+        callback: ``callback(step, row)`` after each step, before the row is logged (what it adds is logged too).
+        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained``; under LoRA the adapter),
+            a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``), TensorBoard's events; None: none.
         resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
 
     Raises:
-        ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns a
-            wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
-            that every reward function returned None for; a tokenizer that pads on the right
-            (``rollout.check_tokenizer``); weights that are not float32 under precision "fp32" or "bf16-autocast"
-            (``precision.prepare``); checkpoint_every without output_dir, or resuming with other settings
-            (``checkpoint.resume``). RuntimeError when dynamic sampling runs out of rounds.
+        ValueError: for an invalid config, data without a ``prompt`` column, a reward function that returns a wrong
+            count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion that
+            every reward function returned None for; right padding (``rollout.check_tokenizer``); weights not float32
+            under precision "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without
+            output_dir, resuming with other settings (``checkpoint.resume``). RuntimeError: dynamic sampling ran out.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
     cfg.validate()
-    model = lora.attach(model, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target=cfg.lora_target_modules,
-                        seed=cfg.seed)  # a LoRA adapter when asked, else the model itself
+    model = lora.attach_for(model, cfg)  # a LoRA adapter when cfg.lora_rank > 0, else the model itself
     precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.router_aux_loss_coef > 0:
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
@@ -100,7 +97,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history, start = cfg.beta, History(), 0
-    board = tracking.reporter(cfg.report_to, output_dir)  # TensorBoard beside metrics.jsonl, when asked
+    callback = tracking.reporting(callback, cfg.report_to, output_dir, last_step=cfg.steps)  # + TensorBoard
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
@@ -156,14 +153,12 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
-        board.log(history.rows[-1])
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             checkpoint.save(Path(output_dir) / f"checkpoint-{step}", step=step, cfg=cfg, model=model,
                             tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
                             ref_model=ref_model, critic=critic)
     if output_dir is not None:
         checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)  # the adapter only under LoRA
-    board.close()
     return history
 
 

@@ -52,7 +52,7 @@ def train(path, cfg, *, attach_first: bool = False, **kwargs):
 
 def test_lora_trains_only_the_adapter_tensors(standin_dir):
     base = models.load(str(standin_dir)).state_dict()
-    lm, _, history = train(standin_dir, lora_cfg())
+    lm, _, history = train(standin_dir, lora_cfg())  # train_rl attaches the adapter
     names = {n: p for n, p in lm.named_parameters()}
     adapter = {n: p for n, p in names.items() if "lora_" in n}
     assert adapter and all(p.requires_grad for p in adapter.values())
@@ -64,6 +64,7 @@ def test_lora_trains_only_the_adapter_tensors(standin_dir):
     assert all(math.isfinite(r["loss"]) for r in history.rows) and history.rows[-1]["kl_ref"] > 0
 
 
+# paper-index: lora.attach
 def test_no_second_copy_of_the_base_and_optimizer_state_for_the_adapter_only(standin_dir):
     lm = models.load(str(standin_dir))
     n_all = models.count_parameters(lm)
@@ -133,6 +134,7 @@ def test_a_lora_run_resumes_exactly(standin_dir, tmp_path):
     assert rows(resumed) == rows(whole)
 
 
+# paper-index: memory.lora_parameter_count
 def test_memory_plan_counts_the_adapter_and_no_reference():
     qcfg = Qwen3Config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=8, vocab_size=50)
