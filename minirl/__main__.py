@@ -210,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--vs-trl", action="store_true",
                        help="time one GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating "
                             "the two, and print the ratio with its spread (needs the [trl] extra)")
+    bench.add_argument("--real-sizes", action="store_true",
+                       help="instead: 3 RL steps of a random Qwen3-0.6B-shaped model at 32x16 and 8x8 prompts x "
+                            "samples of 512 tokens, seconds and peak memory per stage against memory_plan")
+    bench.add_argument("--layers", type=int, default=None, help="--real-sizes: decoder layers (default 28)")
+    bench.add_argument("--hidden-size", type=int, default=None, help="--real-sizes: hidden size (default 1024)")
+    bench.add_argument("--batches", default="32x16,8x8", help="--real-sizes: prompts x samples, comma-separated")
+    bench.add_argument("--max-new-tokens", type=int, default=512, help="--real-sizes: completion tokens")
+    bench.add_argument("--prompt-tokens", type=int, default=128, help="--real-sizes: prompt tokens")
+    bench.add_argument("--steps", type=int, default=3, help="--real-sizes: steps per batch")
+    bench.add_argument("--json", default=None, help="--real-sizes: also write the result to this JSON file")
     sweep = sub.add_parser("sweep", help="run a grid of arms x seeds from a sweep spec (JSON), resumable, and "
                                          "store every run's History and a summary over seeds beside the spec")
     sweep.add_argument("spec", help="a sweep spec, e.g. notebooks/results/kl_placements/sweep.json")
@@ -260,6 +270,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out accuracy, greedy:             {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
         print(describe_heldout({"heldout": summary["warm_start_heldout"]}) + " (the shared evaluation)")
         print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/curves.png")
+        return 0
+    if args.real_sizes:
+        from .bench import real_sizes_table, run_real_sizes
+
+        batches = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
+        result = run_real_sizes(batches=batches, max_new_tokens=args.max_new_tokens, prompt_tokens=args.prompt_tokens,
+                                steps=args.steps, layers=args.layers, hidden_size=args.hidden_size, seed=args.seed)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        print(real_sizes_table(result))
         return 0
     if args.vs_trl:
         from .bench import run_vs_trl

@@ -92,7 +92,7 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
 
     B = prompts_per_step x group_size rows of L = P + T tokens (P = ``prompt_tokens``, T = max_new_tokens);
     b_gen, b_lp, b_mb = the generation, log-prob and training micro-batch rows (``generation_batch_size``,
-    ``logprob_batch_size``, ``micro_batch_size``; None: all B, or the minibatch's B / num_minibatches rows).
+    ``logprob_batch_size``, ``micro_batch_size``; None: all B, or the minibatch's B / num_minibatches rows; never more than those).
     w = bytes per weight (4, or 2 under "bf16"); a = bytes per activation (4 under "fp32", else 2); N parameters;
     N_train the trainable ones: N, or under LoRA (``lora_rank`` > 0) the adapter's (``lora_parameter_count``).
 
@@ -141,8 +141,8 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
     a = 4 if cfg.precision == "fp32" else 2
     B, T = cfg.prompts_per_step * cfg.group_size, cfg.max_new_tokens
     L = prompt_tokens + T
-    b_gen, b_lp = cfg.generation_batch_size or B, cfg.logprob_batch_size or B
-    b_mb = cfg.micro_batch_size or B // cfg.num_minibatches
+    b_gen, b_lp = min(cfg.generation_batch_size or B, B), min(cfg.logprob_batch_size or B, B)
+    b_mb = min(cfg.micro_batch_size or B, B // cfg.num_minibatches)  # a chunk never holds more rows than there are
     n = b_mb * L
     if cfg.gradient_checkpointing:
         layer_saved = layers * n * H + layer_activation_elements(c, b_mb, L, attention=attention)
