@@ -186,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--prompts-per-step", type=int, default=8)
     own.add_argument("--group-size", type=int, default=8)
     own.add_argument("--max-new-tokens", type=int, default=256)
-    own.add_argument("--lr", type=float, default=1e-6)
+    own.add_argument("--lr", type=float, default=1e-6, help="learning rate (default 1e-6: a pretrained model; the "
+                                                              "toy's RLConfig default 1e-4 would wreck it)")
     own.add_argument("--beta", type=float, default=None, help="KL coefficient (default: the preset's)")
     own.add_argument("--precision", default="fp32", choices=("fp32", "bf16-autocast", "bf16"))
     own.add_argument("--gradient-checkpointing", action="store_true")

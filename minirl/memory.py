@@ -92,7 +92,8 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
 
     B = prompts_per_step x group_size rows of L = P + T tokens (P = ``prompt_tokens``, T = max_new_tokens);
     b_gen, b_lp, b_mb = the generation, log-prob and training micro-batch rows (``generation_batch_size``,
-    ``logprob_batch_size``, ``micro_batch_size``; None: all B, or the minibatch's B / num_minibatches rows; never more than those).
+    ``logprob_batch_size``, ``micro_batch_size``; None: all B, or the minibatch's B / num_minibatches rows; never
+    more than those).
     w = bytes per weight (4, or 2 under "bf16"); a = bytes per activation (4 under "fp32", else 2); N parameters;
     N_train the trainable ones: N, or under LoRA (``lora_rank`` > 0) the adapter's (``lora_parameter_count``).
 

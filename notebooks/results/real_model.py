@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from standins import save_chat_standin  # noqa: E402
-from test_real_model import PROMPTS, grads, moved_share, rl_batch, saved_activation_bytes, save_standin  # noqa: E402
+from test_real_model import PROMPTS, grads, moved_share, rl_batch, save_standin, saved_activation_bytes  # noqa: E402
 
 from minirl import checkpoint, config, lora, memory, models, precision, rl, rollout  # noqa: E402
 from minirl.moe import replay_routing  # noqa: E402
