@@ -214,3 +214,14 @@ def test_the_adapter_initialisation_is_seeded_and_leaves_the_global_random_state
         assert torch.equal(torch.get_rng_state(), state)
         adapters.append({n: p.detach().clone() for n, p in peft_model.named_parameters() if "lora_A" in n})
     assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])
+
+
+def test_the_cli_trains_a_lora_adapter_with_tensorboard(standin_dir, tmp_path):
+    from minirl import __main__ as cli
+
+    pytest.importorskip("tensorboard")
+    out = tmp_path / "run"
+    assert cli.main(["train", "--model", str(standin_dir), "--steps", "1", "--prompts-per-step", "2",
+                     "--group-size", "2", "--max-new-tokens", "4", "--lora-rank", "4", "--beta", "0.04",
+                     "--report-to", "tensorboard", "--out", str(out)]) == 0
+    assert (out / "policy" / "adapter_model.safetensors").is_file() and any((out / "tensorboard").iterdir())

@@ -247,10 +247,10 @@ def main() -> None:
     result["logprob_forward_peak_vs_batch_size"] = logprob_peak()
     result["reload_and_resume"] = reload_and_resume()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    result["run"] = {"seconds": round(time.time() - t0, 1), "machine": platform.processor() or platform.machine(),
-                     "torch": torch.__version__, "threads": torch.get_num_threads(),
-                     "commit": commit.stdout.strip(), "peak_rss_bytes": resource.getrusage(
-                         resource.RUSAGE_SELF).ru_maxrss * 1024}
+    result.update(command="python notebooks/results/real_model.py", commit=commit.stdout.strip(),
+                  wall_seconds=round(time.time() - t0, 1), machine=platform.processor() or platform.machine(),
+                  torch=torch.__version__, threads=torch.get_num_threads(),
+                  peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     (Path(__file__).with_suffix(".json")).write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
 
