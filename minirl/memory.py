@@ -105,9 +105,9 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
         kv_cache        2 layers b_gen L nkv hd a   (decoding: keys and values of every position)
         logits_chunk    b_lp (T + 1) V 4 + b_lp T V 4   (a no-grad log-prob forward: the LM head's output on the
                         completion positions in float32 and its copy / temperature; under bf16 autocast the head's
-                        bfloat16 output is freed once copied. Measured peak resident memory of a 1-layer model with
-                        the real vocabulary, 16 rows of 64 tokens: 1.26 GB in float32, 1.30 GB under bf16 autocast,
-                        planned 1.25 GB; notebooks/results/real_model.json)
+                        bfloat16 output is freed once copied. The peak resident memory of a 1-layer model with the
+                        real vocabulary, 16 rows of 64 tokens: 1.254 GB in float32, 1.245 GB under bf16 autocast,
+                        1.254 GB planned; within 1% from 4 to 16 rows, notebooks/results/real_model.json)
         activations     layers x layer_activation_elements(b_mb rows) a + b_mb (T + 1) H a + b_mb T V 4 + 2 n H a
                         + 2 b_mb L hd 4 (what the training forward saves: every layer, the LM head's input, the
                         float32 logits the selective log-softmax keeps, the final norm, RoPE's cos and sin); with
