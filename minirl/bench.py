@@ -256,18 +256,31 @@ def _stage_peak_reset(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # Linux: reset the process's peak resident memory (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def _stage_peak_gb(device: str) -> float | None:
-    if device != "cuda":
-        return None  # the CPU has no allocator statistics; the process's peak RSS is reported once
-    torch.cuda.synchronize()
-    return round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    """CUDA: the peak allocated memory since the reset; CPU (Linux): the process's peak resident memory since the
+    reset, the Python runtime and libraries included (the CPU has no allocator statistics); else None."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        return round(kb * 1024 / 1e9, 2)
+    except (OSError, StopIteration):
+        return None
 
 
 def real_sizes_step(model, tokenizer, data, cfg, *, ref, optimizer, gen, device: str) -> dict:
     """One RL step of ``cfg`` in its three stages (``rl.collect``, ``rl.behaviour_logprobs``, the update), each
-    timed (s) and, on CUDA, with its peak allocated memory (GB = 1e9 bytes). Every completion is max_new_tokens long
+    timed (s) and with its peak memory (GB = 1e9 bytes; ``_stage_peak_gb``). Every completion is max_new_tokens long
     (``min_new_tokens``), so every step does the same work; the reward (the ids' sum modulo 2) only gives the
     advantages a spread."""
     def reward(prompts, completions, completion_ids, **_):
@@ -314,8 +327,8 @@ def run_real_sizes(*, batches=((32, 16), (8, 8)), max_new_tokens: int = 512, pro
 
     The model is built from Qwen3-0.6B's config (``memory.qwen3_0_6b_config``) with random weights (they change
     neither memory nor time), in float32 on the device; ``layers`` / ``hidden_size`` shrink it for a CPU dry run
-    (the vocabulary stays 151,936). Prompts are ``prompt_tokens`` tokens of minirl's tokenizer. On CPU no peak is
-    measured per stage (no allocator statistics); the process's peak resident memory is reported once.
+    (the vocabulary stays 151,936). Prompts are ``prompt_tokens`` tokens of minirl's tokenizer. On CPU a stage's
+    peak is the process's peak resident memory (Linux; the runtime included: no allocator statistics there).
 
     Returns:
         dict: the model's and run's sizes, ``plan`` (GB per stage), and per batch the list of steps' stages
@@ -384,5 +397,6 @@ def real_sizes_table(result: dict) -> str:
                 shown = "-" if peak is None else f"{peak:.2f}"
                 lines.append(f"  step {i}  {stage:<16} {seconds:8.2f} {shown:>9} {plan[stage]:>12.2f}")
     if "peak_rss_gb" in result:
-        lines.append(f"process peak resident memory {result['peak_rss_gb']:.2f} GB (no per-stage peak on CPU)")
+        lines.append(f"process peak resident memory {result['peak_rss_gb']:.2f} GB; on CPU a stage's peak is the "
+                     f"process's resident memory, the Python runtime and libraries included")
     return "\n".join(lines)
