@@ -225,3 +225,21 @@ def test_the_cli_trains_a_lora_adapter_with_tensorboard(standin_dir, tmp_path):
                      "--group-size", "2", "--max-new-tokens", "4", "--lora-rank", "4", "--beta", "0.04",
                      "--report-to", "tensorboard", "--out", str(out)]) == 0
     assert (out / "policy" / "adapter_model.safetensors").is_file() and any((out / "tensorboard").iterdir())
+
+
+@pytest.mark.parametrize("moe,settings", [
+    (False, dict(precision="bf16-autocast", gradient_checkpointing=True, logprob_batch_size=2, micro_batch_size=2)),
+    (True, dict(routing_replay=True, gradient_checkpointing=True)),  # peft adapts the router and experts too
+], ids=["dense-autocast-checkpointing", "moe-r2-checkpointing"])
+def test_lora_runs_with_the_real_scale_settings(tmp_path, moe, settings):
+    from test_real_model import save_standin
+
+    from minirl.tokenizer import build_tokenizer
+
+    path = save_standin(tmp_path / "m", moe=moe)
+    cfg = lora_cfg(**settings)
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4=", "5+6="]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        history = rl.train_rl(models.load(str(path)), build_tokenizer(), cfg, data, reward_fn=ids_reward)
+    assert all(math.isfinite(r["loss"]) for r in history.rows) and history.rows[-1]["kl_ref"] > 0

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from minirl import bench, memory
 
 HELPER = Path(__file__).resolve().parent.parent / ".ci" / "gpu_check.py"
@@ -24,6 +26,7 @@ def test_run_real_sizes_at_a_cpus_size():
     assert "1x2x4" in bench.real_sizes_table(result)
 
 
+@pytest.mark.slow
 def test_the_check_summary_prints_the_real_sizes(tmp_path):
     (tmp_path / "parts.tsv").write_text("real_sizes\tok\t100.0\t180\n")
     (tmp_path / "real_sizes.json").write_text(json.dumps({
@@ -38,13 +41,13 @@ def test_the_check_summary_prints_the_real_sizes(tmp_path):
     assert "596 M parameters on NVIDIA H200" in done.stdout
 
 
+@pytest.mark.slow
 def test_memory_plan_predicts_the_peak_of_a_no_grad_log_prob_forward():
     """The kernel's peak resident memory (reset through /proc/self/clear_refs, read as VmHWM) of one no-grad
     log-prob forward of 16 rows x 64 completion tokens on a 1-layer model with the real vocabulary, against the
     plan's ``logits_chunk``: two float32 (b, T, V) tensors, the logits and their temperature-scaled copy."""
     import re
 
-    import pytest
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
