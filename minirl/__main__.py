@@ -99,8 +99,9 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     Loads the model (float32 master weights; ``precision`` in ``settings`` picks bf16 autocast) and its tokenizer,
     padded on the left (minirl owns it here: Qwen's and SmolLM2's pad on the right by default), trains with
     ``algo``'s preset and ``settings`` (any RLConfig field: steps, prompts_per_step, group_size, ...), and writes
-    under ``out``: metrics.jsonl, summary.json, policy/ (the trained model and tokenizer, ``save_pretrained``) and
-    checkpoint-N/ every ``checkpoint_every`` steps.
+    under ``out``: metrics.jsonl, summary.json, policy/ (the trained model and tokenizer, ``save_pretrained``; with
+    ``lora_rank`` the adapter only), checkpoint-N/ every ``checkpoint_every`` steps and, with
+    ``report_to="tensorboard"``, tensorboard/.
 
     Args:
         model: hub name or local folder.

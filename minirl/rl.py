@@ -57,7 +57,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             form, see ``rewards.score_completions``: it also receives ``trainer_state`` and ``log_metric``), or a
             list of them; None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
         reward_weights: one weight per reward function (default 1 each).
-        ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
+        ref_model: the frozen reference; default, when beta > 0, a copy of the policy (LoRA: the adapter off).
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
         callback: ``callback(step, row)`` after each step, before the row is logged (what it adds is logged too).
         output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained``; under LoRA the adapter),
