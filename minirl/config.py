@@ -20,8 +20,11 @@ import torch
 
 from . import advantages, importance, kl, losses, offpolicy
 from .checks import choice
+from .lora import target_modules as lora_target_modules
 from .precision import PRECISIONS
 
+#: The values of ``RLConfig.report_to``: metrics only in History / metrics.jsonl, or also as TensorBoard scalars.
+REPORT_TO = ("none", "tensorboard")
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
 PROGRESS_INTERVAL = 10.0
 
@@ -170,8 +173,12 @@ class RLConfig:
     completion_only_head: bool = False  # the update's LM head on completion positions only (logits_to_keep): saves
     # (b, P, V) logits at real vocabularies; off by default because its gradient differs by round-off (the matmul's
     # shape), which would move the toy's stored figures. The no-grad forwards always keep only the completion's logits
+    lora_rank: int = 0  # LoRA (lora.py, peft: the [lora] extra): the adapter's rank r; 0 trains every weight
+    lora_alpha: float = 32.0  # the adapter's output is scaled by lora_alpha / lora_rank
+    lora_target_modules: str = "all-linear"  # "all-linear" (attention and MLP, never the head) or "q_proj,v_proj"
     # --- logging and checkpoints
     checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
+    report_to: str = "none"  # "tensorboard": every History row also as scalars under output_dir/tensorboard
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
     progress: bool = True  # tqdm bar
@@ -209,6 +216,14 @@ class RLConfig:
         choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16", "float16"))
         offpolicy.check_settings(self)
         choice("precision", self.precision, PRECISIONS)
+        choice("report_to", self.report_to, REPORT_TO)
+        if self.lora_rank < 0 or not self.lora_alpha > 0:
+            raise ValueError(f"need lora_rank >= 0 (0: no LoRA) and lora_alpha > 0, got {self.lora_rank}, "
+                             f"{self.lora_alpha}")
+        lora_target_modules(self.lora_target_modules)  # raises for an empty list
+        if self.lora_rank and self.advantage == "gae":
+            raise ValueError("lora_rank > 0 with advantage='gae': PPO's critic copies the policy's backbone, which "
+                             "under LoRA carries the adapter; train PPO without LoRA, or use a critic-free preset")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         for name in ("micro_batch_size", "generation_batch_size", "logprob_batch_size"):

@@ -31,7 +31,8 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import checkpoint, importance, kl, losses, models, offpolicy, precision, rewards, rollout, sampling, tasks
+from . import (checkpoint, importance, kl, lora, losses, models, offpolicy, precision, rewards, rollout, sampling, tasks,
+               tracking)
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -56,29 +57,28 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             form, see ``rewards.score_completions``: it also receives ``trainer_state`` and ``log_metric``), or a
             list of them; None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
         reward_weights: one weight per reward function (default 1 each).
-        ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
+        ref_model: the frozen reference; default, when beta > 0, a copy of the policy (LoRA: the adapter off).
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
-        callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
-            ``row`` (e.g. a measurement on fresh samples) are logged with it.
-        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained`` of model and tokenizer)
-            and a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``); None saves nothing.
+        callback: ``callback(step, row)`` after each step, before the row is logged (what it adds is logged too).
+        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained``; under LoRA the adapter),
+            a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``), TensorBoard's events; None: none.
         resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
 
     Raises:
-        ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns a
-            wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
-            that every reward function returned None for; a tokenizer that pads on the right
-            (``rollout.check_tokenizer``); weights that are not float32 under precision "fp32" or "bf16-autocast"
-            (``precision.prepare``); checkpoint_every without output_dir, or resuming with other settings
-            (``checkpoint.resume``). RuntimeError when dynamic sampling runs out of rounds.
+        ValueError: for an invalid config, data without a ``prompt`` column, a reward function that returns a wrong
+            count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion that
+            every reward function returned None for; right padding (``rollout.check_tokenizer``); weights not float32
+            under precision "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without
+            output_dir, resuming with other settings (``checkpoint.resume``). RuntimeError: dynamic sampling ran out.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
     cfg.validate()
+    model = lora.attach_for(model, cfg)  # a LoRA adapter when cfg.lora_rank > 0, else the model itself
     precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.router_aux_loss_coef > 0:
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
@@ -96,6 +96,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     sampler = offpolicy.make_step_sampler(model, cfg)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history, start = cfg.beta, History(), 0
+    callback = tracking.reporting(callback, cfg.report_to, output_dir, last_step=cfg.steps)  # + TensorBoard
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
@@ -157,23 +158,25 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                             tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
                             ref_model=ref_model, critic=critic)
     if output_dir is not None:
-        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)
+        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)  # the adapter only under LoRA
     return history
 
 
 # ------------------------------------------------------------------------------------------------ setup
 def reference_model(model, ref_model, cfg: RLConfig):
-    """The frozen reference: the one given, or a copy of the policy when beta > 0 needs one; None otherwise."""
+    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy (under LoRA the policy
+    with its adapter switched off, ``lora.AdapterOff``: no second copy); None otherwise."""
     if ref_model is None and cfg.beta > 0:
-        ref_model = copy.deepcopy(model)
+        ref_model = lora.AdapterOff(model) if lora.is_lora(model) else copy.deepcopy(model)
     if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return ref_model
 
 
 def make_optimizer(model, critic, cfg: RLConfig) -> torch.optim.Optimizer:
-    """One AdamW over the policy (lr) and, for PPO, the critic (value_lr) as a second parameter group."""
-    groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
+    """One AdamW over the policy's trainable weights (lr; under LoRA the adapter's) and, for PPO, the critic
+    (value_lr) as a second parameter group."""
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr}]
     if critic is not None:
         groups.append({"params": list(critic.parameters()), "lr": cfg.value_lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)

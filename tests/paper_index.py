@@ -41,6 +41,7 @@ PAPERS = [
     ("Ethayarajh et al. 2024 (KTO)", r"Ethayarajh"),
     ("Fedus et al. 2022 (Switch Transformer)", r"Fedus|Switch Transformer"),
     ("He et al. 2025 (Skywork-OR1, adaptive entropy control)", r"Skywork|2505\.22312"),
+    ("Hu et al. 2021 (LoRA)", r"Hu et al\. 2021|\bLoRA\b"),
     ("Hu et al. 2025 (REINFORCE++)", r"\bHu et al|REINFORCE\+\+"),
     ("Huang et al. 2022 (37 implementation details of PPO)", r"Huang et al"),
     ("Kim & Rush 2016 (sequence-level knowledge distillation)", r"Kim & Rush"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..config import RLConfig
 from ..preference_loop import PrefConfig
+from . import real_model
 from ._common import _layout, _missing, _simulated_sampler
 
 #: The TRL version the mapping and the equivalence tests were checked against (pyproject's [trl] extra bounds it).
@@ -77,8 +78,11 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     optimiser steps (steps_per_generation = num_minibatches x accumulation, per_device_train_batch_size = the
     micro-batch / num_processes: per_device_train_batch_size x num_processes x steps_per_generation is one rollout),
     repeated num_iterations times; max_steps counts optimiser steps. The lr is constant (TRL's default schedule
-    decays linearly), the optimiser plain torch AdamW, the weights float32 (bf16=False: TRL's default is bf16; pass
-    bf16=True to ``to_trl`` for a real run on GPUs).
+    decays linearly), the optimiser plain torch AdamW. The real-model settings (``interop.real_model``): precision ->
+    bf16 and model_init_kwargs' dtype (TRL's default is bf16=True: "fp32" states False), gradient_checkpointing (TRL's
+    default True: stated), multi_objective_aggregation (GDPO) as it is; LoRA is GRPOTrainer's peft_config
+    (``real_model.trl_peft_config``); generation_batch_size and logprob_batch_size have no TRL setting
+    (``real_model.NOT_MAPPED``: memory only).
 
     loss_mode "cispo" -> loss_type "cispo" with epsilon_high = 1 + eps_high (TRL's cap is absolute; one-sided form
     and token-mean only); "sapo" -> loss_type "sapo" with sapo_temperature_pos / _neg = tau_pos / tau_neg
@@ -175,7 +179,7 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=cfg.kl_ratio_weighted, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg),
+        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg), **real_model.trl_grpo_settings(cfg),
                                               "off_policy_mask_threshold": cfg.off_policy_mask_threshold})
 
 
@@ -224,7 +228,7 @@ def _trl_common(cfg: RLConfig, num_processes: int = 1) -> dict:
         # the MoE load-balancing loss, stated even when off: TRL's None takes the model config's (0.001 here)
         router_aux_loss_coef=cfg.router_aux_loss_coef,
         lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", seed=cfg.seed,
-        bf16=False,  # float32, as minirl; a real run on GPUs passes bf16=True
+        **real_model.trl_settings(cfg),  # precision (bf16, the dtype a named model loads in), checkpointing
     )
 
 

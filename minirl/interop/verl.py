@@ -7,6 +7,7 @@ of the 0.9.1 release on PyPI (tests/test_interop.py holds the names, copied from
 from __future__ import annotations
 
 from ..config import RLConfig
+from . import real_model
 from ._common import _layout, _missing, _simulated_sampler
 
 #: The verl tag whose option names ``to_verl`` writes.
@@ -44,7 +45,8 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
             places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
             the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
-            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low.
+            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low, GDPO's normalize_then_sum
+            (``real_model.verl_settings``, which maps precision, checkpointing, batch sizes, LoRA and TensorBoard).
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included).
 
     Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
@@ -119,7 +121,7 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             out += [f"algorithm.kl_ctrl.target_kl={cfg.target_kl}", f"algorithm.kl_ctrl.horizon={cfg.kl_horizon}"]
     else:
         out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
-    out += _verl_importance(cfg)
+    out += _verl_importance(cfg) + real_model.verl_settings(cfg)  # precision, checkpointing, batch sizes, LoRA
     if cfg.dynamic_sampling:
         out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
                 f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
