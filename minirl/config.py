@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import advantages, importance, kl, losses
+from . import advantages, importance, kl, losses, offpolicy
 from .checks import choice
+from .lora import target_modules as lora_target_modules
 from .precision import PRECISIONS
 
 #: ``RLConfig.distill``: "none" (the RL loop), or the objective of ``distill_loop.train_distill``.
@@ -27,7 +28,11 @@ DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
 #: RLConfig fields the distillation loop does not read: with ``distill`` set they must keep their defaults.
 DISTILL_UNREAD = ("precision", "gradient_checkpointing", "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
                   "pi_old", "is_correction", "routing_replay", "overlong_shaping", "overlong_filter",
-                  "router_aux_loss_coef", "checkpoint_every", "kl_placement", "adaptive_kl")
+                  "router_aux_loss_coef", "checkpoint_every", "kl_placement", "adaptive_kl", "top_k", "top_p",
+                  "keep_sampling_mask", "sampler_sync_every", "off_policy_mask_threshold", "kl_ratio_weighted",
+                  "lora_rank", "report_to")
+#: The values of ``RLConfig.report_to``: metrics only in History / metrics.jsonl, or also as TensorBoard scalars.
+REPORT_TO = ("none", "tensorboard")
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
 PROGRESS_INTERVAL = 10.0
 
@@ -154,7 +159,7 @@ class RLConfig:
     replay_source: str = "trainer"  # routing replay's routes: "trainer" (R2: pi_old's recomputing forward) or
     # "sampler" (R3: the experts the sampler used while decoding, Ma et al. 2025)
     # --- a sampler that is not the trainer (sampler.py, importance.py); the defaults change nothing
-    sampler_dtype: str = "float32"  # "float32" (the trainer itself) or "bfloat16" (a copy, synced every update)
+    sampler_dtype: str = "float32"  # "float32" (the trainer itself), "bfloat16" or "float16" (a copy, synced)
     sampler_logit_noise: float = 0.0  # std (nats) of noise on the sampler's next-token logits
     sampler_router_noise: float = 0.0  # std of noise on the sampler's MoE router logits
     pi_old: str = "recomputed"  # importance.PI_OLD: the trainer's recomputed pi_old, or "naive" (the sampler's)
@@ -162,6 +167,15 @@ class RLConfig:
     is_cap: float = 2.0  # C of TIS / C_max of MIS, on the weight pi_old / sampler (Yao et al.: 2; TRL's default 3)
     is_cap_low: float | None = None  # optional C_min: TIS raises weights to it, MIS masks those below it
     is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
+    # --- stale and truncated samplers (truncation.py, stale.py, offpolicy.py); the defaults change nothing
+    top_k: int = 0  # the rollouts' top-k (0: off); the kept sets are recorded per token (Rollout.kept)
+    top_p: float = 1.0  # the rollouts' nucleus mass (1.0: off); evaluation always samples the full distribution
+    keep_sampling_mask: bool = False  # renormalise the trainer's log-probs over the sampler's kept sets
+    # (DeepSeek-V3.2); off, they are the full vocabulary's and pi_old / mu = S, the kept mass, before any update
+    sampler_sync_every: int = 1  # the sampler reloads the weights every k steps: k > 1 is a stale copy, up to
+    # (k - 1) x num_minibatches x num_iterations updates behind (asynchronous RL); 1: synced after every step
+    off_policy_mask_threshold: float | None = None  # drop A < 0 sequences whose mean log(mu / pi) exceeds it
+    kl_ratio_weighted: bool = False  # the KL in the loss is (pi / pi_old) k3 (TRL's use_bias_correction_kl)
     router_aux_loss_coef: float = 0.0  # weight of the router's load-balancing loss (moe.load_balancing_loss) in the
     # objective; 0 (default) leaves it out. TRL's router_aux_loss_coef; the MoE model's own config says 0.001
     # --- a real model (precision.py, memory.py); the defaults are the toy's exact float32 loop
@@ -173,8 +187,12 @@ class RLConfig:
     completion_only_head: bool = False  # the update's LM head on completion positions only (logits_to_keep): saves
     # (b, P, V) logits at real vocabularies; off by default because its gradient differs by round-off (the matmul's
     # shape), which would move the toy's stored figures. The no-grad forwards always keep only the completion's logits
+    lora_rank: int = 0  # LoRA (lora.py, peft: the [lora] extra): the adapter's rank r; 0 trains every weight
+    lora_alpha: float = 32.0  # the adapter's output is scaled by lora_alpha / lora_rank
+    lora_target_modules: str = "all-linear"  # "all-linear" (attention and MLP, never the head) or "q_proj,v_proj"
     # --- logging and checkpoints
     checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
+    report_to: str = "none"  # "tensorboard": every History row also as scalars under output_dir/tensorboard
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
     progress: bool = True  # tqdm bar
@@ -210,8 +228,17 @@ class RLConfig:
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
-        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
+        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16", "float16"))
+        offpolicy.check_settings(self)
         choice("precision", self.precision, PRECISIONS)
+        choice("report_to", self.report_to, REPORT_TO)
+        if self.lora_rank < 0 or not self.lora_alpha > 0:
+            raise ValueError(f"need lora_rank >= 0 (0: no LoRA) and lora_alpha > 0, got {self.lora_rank}, "
+                             f"{self.lora_alpha}")
+        lora_target_modules(self.lora_target_modules)  # raises for an empty list
+        if self.lora_rank and self.advantage == "gae":
+            raise ValueError("lora_rank > 0 with advantage='gae': PPO's critic copies the policy's backbone, which "
+                             "under LoRA carries the adapter; train PPO without LoRA, or use a critic-free preset")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         for name in ("micro_batch_size", "generation_batch_size", "logprob_batch_size"):
@@ -262,7 +289,6 @@ class RLConfig:
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
             raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
                              f"got {self.overlong_cache_len}")
-
 
     def validate_distill(self) -> None:
         """The distillation fields' rules (``distill_loop.train_distill``): one optimiser step per rollout, no

@@ -7,6 +7,7 @@ of the 0.9.1 release on PyPI (tests/test_interop.py holds the names, copied from
 from __future__ import annotations
 
 from ..config import RLConfig
+from . import real_model
 from ._common import _layout, _missing, _simulated_sampler
 
 #: The verl tag whose option names ``to_verl`` writes.
@@ -44,7 +45,8 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
             places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
             the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
-            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low.
+            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low, GDPO's normalize_then_sum
+            (``real_model.verl_settings``, which maps precision, checkpointing, batch sizes, LoRA and TensorBoard).
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included).
 
     Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
@@ -53,6 +55,11 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     """
     cfg.validate()
     _simulated_sampler(cfg)
+    if cfg.off_policy_mask_threshold is not None:  # verl's rejection masks both signs, on pi_old / mu, not pi / mu
+        raise _missing("off_policy_mask_threshold", "verl 0.9.1's nearest, algorithm.rollout_correction.rollout_rs="
+                       "seq_mean_k1, masks sequences of either advantage sign by mean log(pi_old / mu)")
+    if cfg.kl_ratio_weighted:
+        raise _missing("kl_ratio_weighted", "verl 0.9.1's kl loss (use_kl_loss) is not weighted by pi / pi_old")
     if cfg.routing_replay:
         raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
                        f"{'R3' if cfg.replay_source == 'sampler' else 'R2'} (Megatron and VeOmni engines only), "
@@ -83,8 +90,9 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         out += [f"algorithm.gamma={cfg.gamma}", f"algorithm.lam={cfg.lam}", f"critic.optim.lr={cfg.value_lr}",
                 f"critic.cliprange_value={cfg.value_clip if cfg.value_clip is not None else 1e9}"]
     out += [f"data.train_batch_size={cfg.prompts_per_step}", f"{r}.n={cfg.group_size}",
-            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}", f"{r}.top_k=-1",
-            f"{r}.top_p=1.0", f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
+            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}",
+            f"{r}.top_k={cfg.top_k or -1}", f"{r}.top_p={cfg.top_p}",
+            f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
             f"{a}.ppo_micro_batch_size_per_gpu={lay['per_device']}", f"trainer.n_gpus_per_node={num_processes}",
             f"{a}.ppo_epochs={cfg.num_iterations}",
             f"{a}.optim.lr={cfg.lr}", f"{a}.optim.weight_decay={cfg.weight_decay}",
@@ -113,7 +121,7 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             out += [f"algorithm.kl_ctrl.target_kl={cfg.target_kl}", f"algorithm.kl_ctrl.horizon={cfg.kl_horizon}"]
     else:
         out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
-    out += _verl_importance(cfg)
+    out += _verl_importance(cfg) + real_model.verl_settings(cfg)  # precision, checkpointing, batch sizes, LoRA
     if cfg.dynamic_sampling:
         out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
                 f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
