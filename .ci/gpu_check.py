@@ -176,6 +176,21 @@ def _train_lines(work: Path) -> list[str]:
     return out
 
 
+def _real_sizes_lines(result: dict) -> list[str]:
+    """bench --real-sizes' JSON: per batch, each stage's median seconds over the steps after the first, its largest
+    measured peak and the plan's (GB)."""
+    out = [f"  {result.get('parameters', 0) / 1e6:.0f} M parameters on {result.get('device', '?')}, "
+           f"{result.get('settings', '')}"]
+    for key, steps in result.get("batches", {}).items():
+        later = steps[1:] or steps  # the first step warms up kernels and allocators
+        for stage, planned in result["plan"][key].items():
+            secs = statistics.median(s[stage][0] for s in later)
+            peaks = [s[stage][1] for s in steps if s[stage][1] is not None]
+            peak = f"{max(peaks):.2f}" if peaks else "-"
+            out.append(f"  {key} {stage:16s} {secs:8.2f} s  peak {peak:>6} GB  planned {planned:.2f} GB")
+    return out
+
+
 def summary(work_dir: str) -> int:
     work = Path(work_dir)
     rows = [ln.split("\t") for ln in (work / "parts.tsv").read_text().splitlines() if ln.strip()]
@@ -190,7 +205,8 @@ def summary(work_dir: str) -> int:
     print(f"{'all parts':12s} {'':10s} {total:8.1f}")
     status = {r[0]: r[1] for r in rows}
     sections = [("bench", lambda: _bench_lines(json.loads((work / "bench.json").read_text()))),
-                ("train", lambda: _train_lines(work))]
+                ("train", lambda: _train_lines(work)),
+                ("real_sizes", lambda: _real_sizes_lines(json.loads((work / "real_sizes.json").read_text())))]
     for name, lines in sections:
         if status.get(name) == "ok":
             print(f"{name}:")

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2034  # the BUDGET_ names are read as ${!budget_var} in part()
 # The GPU check: on a fresh CUDA machine with no network, install what minirl needs from carried wheels, then run the
-# gpu profile's bench, the main job and notebooks 02 and 05 (nbval), each timed and bounded, and print their figures.
+# gpu profile's bench, the main job and notebooks 02 and 05 (nbval), each timed and bounded, then 3 RL steps of a
+# random Qwen3-0.6B-shaped model at 32x16 and 8x8 prompts x samples of 512 tokens against memory_plan (real_sizes),
+# and print their figures.
 #
 #   here, once:   bash .ci/gpu_wheels.sh          # fills .gpu-wheels/ (git-ignored, ~20 MiB) for Python 3.12
-#   there:        bash .ci/gpu_check.sh           # with .gpu-wheels carried along; about 6 minutes at most
+#   there:        bash .ci/gpu_check.sh           # with .gpu-wheels carried along; about 9 minutes at most
 #   dry run here: GPU_CHECK_PROFILE=cpu GPU_CHECK_TRAIN_STEPS=4 GPU_CHECK_BENCH_REPEATS=1 GPU_CHECK_BUDGET_SCALE=4 \
 #                 GPU_CHECK_PYTHON=/path/to/throwaway-venv/bin/python bash .ci/gpu_check.sh
+#   (and GPU_CHECK_REAL_SIZES="--layers 1 --hidden-size 128 --batches 2x2,1x2 --max-new-tokens 8 --prompt-tokens 8"
+#   shrinks the real_sizes part for the CPU; notebooks/results/README.md records such a dry run)
 #
 # GPU_CHECK_COMMIT names the commit in the log where the tree that travels has no .git.
 # GPU_CHECK_ONLY="install imports ..." runs only the parts it names (a rerun of some parts, or the dry run of one).
@@ -15,12 +19,13 @@
 # adds only what that environment lacks and leaves torch, transformers and the rest of the image as they are; use it
 # on a throwaway machine or venv (it also runs "pip install -e ." there).
 # Results go to $OUT when set (the device machine's folder that comes back), else ./gpu-check-out: gpu_check.log
-# (everything printed), parts.tsv, bench.json, train_summary.json, train_metrics.jsonl, train_curves.png.
+# (everything printed), parts.tsv, bench.json, train_summary.json, train_metrics.jsonl, train_curves.png,
+# real_sizes.json.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # --- budgets: seconds per part (a part may also use what earlier parts left unspent); their sum is the whole check's
-TOTAL_BUDGET_S=360
+TOTAL_BUDGET_S=540
 BUDGET_install=30
 BUDGET_imports=20
 BUDGET_bench=40
@@ -28,8 +33,11 @@ BUDGET_warm_start=60
 BUDGET_train=70
 BUDGET_nb02=70
 BUDGET_nb05=70
+# real_sizes: 3 steps at 32x16x512 (512 rows) and at 8x8x512 on a 0.6 B model, and its two builds
+BUDGET_real_sizes=180
 TRAIN_STEPS="${GPU_CHECK_TRAIN_STEPS:-100}"   # the main job with 100 of the gpu profile's 200 RL steps, to fit
 BENCH_REPEATS="${GPU_CHECK_BENCH_REPEATS:-5}"
+REAL_SIZES="${GPU_CHECK_REAL_SIZES:-}"        # extra flags of bench --real-sizes (the CPU dry run shrinks it)
 SCALE="${GPU_CHECK_BUDGET_SCALE:-1}"          # > 1 only for the CPU dry run
 PROFILE="${GPU_CHECK_PROFILE:-gpu}"
 PY="${GPU_CHECK_PYTHON:-python3}"
@@ -136,7 +144,11 @@ part train "'$PY' -m minirl train --algo grpo --profile '$PROFILE' --steps '$TRA
 part nb02 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/02_*.ipynb"
 part nb05 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/05_*.ipynb"
 
-for f in parts.tsv bench.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$RESULTS/$f"; done
+# issue 36: the real model's sizes (random weights: they change neither memory nor time), every completion 512
+# tokens (min_new_tokens), seconds and peak memory per stage beside memory_plan's prediction
+part real_sizes "'$PY' -m minirl bench --real-sizes $REAL_SIZES --json '$WORK/real_sizes.json'"
+
+for f in parts.tsv bench.json real_sizes.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$RESULTS/$f"; done
 for f in summary.json metrics.jsonl curves.png; do [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/train_$f"; done
 echo
 "$PY" .ci/gpu_check.py summary "$WORK"

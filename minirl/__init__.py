@@ -9,10 +9,13 @@ Every module, by layer:
   guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
 - the model side: tasks, gsm8k (GSM8K-style answers, reward and loader), tokenizer, chat (plain and
   conversational prompts, chat templates), models, rollout, moe (routing replay), sampler (a mismatched sampler),
-  precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted).
-- the loops, one stage per file: config, warm_start, rl, checkpoint (checkpoints, exact resume, the saved policy),
+  precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted), lora
+  (LoRA through peft; the reference as the adapter switched off).
+- the loops, one stage per file: config, warm_start, rl, offpolicy (the loop's stale and truncated samplers),
+  checkpoint (checkpoints, exact resume, the saved policy), distill_loop (a teacher grades the student's tokens),
   preference_loop, preference_data, evaluation, entropy_control (the entropy switches in the update), history,
-  plots, sweep (grids of arms x seeds), bench, interop (TRL and verl), ``__main__`` (the command line).
+  tracking (TensorBoard beside metrics.jsonl), plots, sweep (grids of arms x seeds), bench, interop (TRL and verl),
+  ``__main__`` (the command line).
 - the course kit: exercises (the exercises' checker).
 
 The names below are the public API (README.md describes it); the warm start is ``minirl.warm_start.warm_start`` (not

@@ -99,8 +99,9 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     Loads the model (float32 master weights; ``precision`` in ``settings`` picks bf16 autocast) and its tokenizer,
     padded on the left (minirl owns it here: Qwen's and SmolLM2's pad on the right by default), trains with
     ``algo``'s preset and ``settings`` (any RLConfig field: steps, prompts_per_step, group_size, ...), and writes
-    under ``out``: metrics.jsonl, summary.json, policy/ (the trained model and tokenizer, ``save_pretrained``) and
-    checkpoint-N/ every ``checkpoint_every`` steps.
+    under ``out``: metrics.jsonl, summary.json, policy/ (the trained model and tokenizer, ``save_pretrained``; with
+    ``lora_rank`` the adapter only), checkpoint-N/ every ``checkpoint_every`` steps and, with
+    ``report_to="tensorboard"``, tensorboard/.
 
     Args:
         model: hub name or local folder.
@@ -186,13 +187,20 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--prompts-per-step", type=int, default=8)
     own.add_argument("--group-size", type=int, default=8)
     own.add_argument("--max-new-tokens", type=int, default=256)
-    own.add_argument("--lr", type=float, default=1e-6)
+    own.add_argument("--lr", type=float, default=1e-6, help="learning rate (default 1e-6: a pretrained model; the "
+                                                              "toy's RLConfig default 1e-4 would wreck it)")
     own.add_argument("--beta", type=float, default=None, help="KL coefficient (default: the preset's)")
     own.add_argument("--precision", default="fp32", choices=("fp32", "bf16-autocast", "bf16"))
     own.add_argument("--gradient-checkpointing", action="store_true")
     own.add_argument("--micro-batch-size", type=int, default=None, help="rows per forward/backward (default all)")
     own.add_argument("--generation-batch-size", type=int, default=None, help="rows per decode loop (default all)")
     own.add_argument("--logprob-batch-size", type=int, default=None, help="rows per no-grad log-prob forward")
+    own.add_argument("--lora-rank", type=int, default=0, help="train a LoRA adapter of this rank (peft, the [lora] "
+                                                            "extra; the reference is the adapter off); 0: all weights")
+    own.add_argument("--lora-alpha", type=float, default=32.0, help="LoRA's alpha (output scaled by alpha / rank)")
+    own.add_argument("--lora-target-modules", default="all-linear", help="all-linear or e.g. q_proj,v_proj")
+    own.add_argument("--report-to", default="none", choices=("none", "tensorboard"),
+                     help="also write the metrics as TensorBoard scalars under OUT/tensorboard")
     own.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: none)")
     own.add_argument("--resume", default=None, help="a checkpoint-N folder, or 'latest' under --out")
     own.add_argument("--attn-implementation", default="sdpa", help="sdpa (default) or eager")
@@ -204,6 +212,16 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--vs-trl", action="store_true",
                        help="time one GRPO step of minirl and of TRL's GRPOTrainer on identical work, alternating "
                             "the two, and print the ratio with its spread (needs the [trl] extra)")
+    bench.add_argument("--real-sizes", action="store_true",
+                       help="instead: 3 RL steps of a random Qwen3-0.6B-shaped model at 32x16 and 8x8 prompts x "
+                            "samples of 512 tokens, seconds and peak memory per stage against memory_plan")
+    bench.add_argument("--layers", type=int, default=None, help="--real-sizes: decoder layers (default 28)")
+    bench.add_argument("--hidden-size", type=int, default=None, help="--real-sizes: hidden size (default 1024)")
+    bench.add_argument("--batches", default="32x16,8x8", help="--real-sizes: prompts x samples, comma-separated")
+    bench.add_argument("--max-new-tokens", type=int, default=512, help="--real-sizes: completion tokens")
+    bench.add_argument("--prompt-tokens", type=int, default=128, help="--real-sizes: prompt tokens")
+    bench.add_argument("--steps", type=int, default=3, help="--real-sizes: steps per batch")
+    bench.add_argument("--json", default=None, help="--real-sizes: also write the result to this JSON file")
     sweep = sub.add_parser("sweep", help="run a grid of arms x seeds from a sweep spec (JSON), resumable, and "
                                          "store every run's History and a summary over seeds beside the spec")
     sweep.add_argument("spec", help="a sweep spec, e.g. notebooks/results/kl_placements/sweep.json")
@@ -223,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or f"runs/{args.algo}-{Path(args.model.rstrip('/')).name}"
         sizes = {k: getattr(args, k) for k in ("prompts_per_step", "group_size", "max_new_tokens", "lr", "precision",
                                                 "gradient_checkpointing", "micro_batch_size", "generation_batch_size",
-                                                "logprob_batch_size", "checkpoint_every", "seed")}
+                                                "logprob_batch_size", "checkpoint_every", "seed", "lora_rank",
+                                                "lora_alpha", "lora_target_modules", "report_to")}
         sizes.update({"steps": args.steps} if args.steps else {}, **({"beta": args.beta} if args.beta is not None
                                                                       else {}))
         if args.gdpo:
@@ -234,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
                             attn_implementation=args.attn_implementation, **sizes)
         print(f"\n{args.algo} on {args.model}, {summary['steps']} steps, {summary['seconds']} s: mean reward "
               f"{summary['first_reward']:.3f} (first step) -> {summary['last_reward']:.3f} (last step)")
-        print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/policy/ (models.load reads it)"
+        print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/policy/ (models.load reads it"
+              + ("; the LoRA adapter only" if args.lora_rank else "") + ")"
+              + (f", {out}/tensorboard/" if args.report_to != "none" else "")
               + (f"; checkpoint-N/ every {args.checkpoint_every} step(s)" if args.checkpoint_every else ""))
         return 0
     if args.command == "train":
@@ -251,6 +272,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out accuracy, greedy:             {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
         print(describe_heldout({"heldout": summary["warm_start_heldout"]}) + " (the shared evaluation)")
         print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/curves.png")
+        return 0
+    if args.real_sizes:
+        from .bench import real_sizes_table, run_real_sizes
+
+        batches = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
+        result = run_real_sizes(batches=batches, max_new_tokens=args.max_new_tokens, prompt_tokens=args.prompt_tokens,
+                                steps=args.steps, layers=args.layers, hidden_size=args.hidden_size, seed=args.seed)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        print(real_sizes_table(result))
         return 0
     if args.vs_trl:
         from .bench import run_vs_trl

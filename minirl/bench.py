@@ -249,3 +249,155 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
         "loadavg_before": load_before, "loadavg_after": _loadavg(),
         "machine": platform.processor() or platform.machine(),
     }
+
+
+# ------------------------------------------------------------------------------------------------ --real-sizes
+def _stage_peak_reset(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:  # Linux: reset the process's peak resident memory (VmHWM)
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _stage_peak_gb(device: str) -> float | None:
+    """CUDA: the peak allocated memory since the reset; CPU (Linux): the process's peak resident memory since the
+    reset, the Python runtime and libraries included (the CPU has no allocator statistics); else None."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return round(torch.cuda.max_memory_allocated() / 1e9, 2)
+    try:
+        with open("/proc/self/status") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        return round(kb * 1024 / 1e9, 2)
+    except (OSError, StopIteration):
+        return None
+
+
+def real_sizes_step(model, tokenizer, data, cfg, *, ref, optimizer, gen, device: str) -> dict:
+    """One RL step of ``cfg`` in its three stages (``rl.collect``, ``rl.behaviour_logprobs``, the update), each
+    timed (s) and with its peak memory (GB = 1e9 bytes; ``_stage_peak_gb``). Every completion is max_new_tokens long
+    (``min_new_tokens``), so every step does the same work; the reward (the ids' sum modulo 2) only gives the
+    advantages a spread."""
+    def reward(prompts, completions, completion_ids, **_):
+        return [float(sum(ids) % 2) for ids in completion_ids]
+
+    out = {}
+    _stage_peak_reset(device)
+    t0 = time.perf_counter()
+    batch, scores, _ = rl.collect(model, tokenizer, data, cfg, reward_fn=reward, reward_weights=None, gen=gen,
+                                  min_new_tokens=cfg.max_new_tokens)
+    _sync(device)
+    out["generation"] = (time.perf_counter() - t0, _stage_peak_gb(device))
+    _stage_peak_reset(device)
+    t0 = time.perf_counter()
+    old, ref_lp, routes = rl.behaviour_logprobs(model, ref, batch, cfg)
+    _sync(device)
+    out["logprob_forward"] = (time.perf_counter() - t0, _stage_peak_gb(device))
+    _stage_peak_reset(device)
+    t0 = time.perf_counter()
+    advantages_, _, _ = rl.compute_advantages(rl.shape_rewards(scores, batch, cfg), None, batch, cfg, beta=cfg.beta)
+    rl_batch = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                          n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
+                          loss_mask=batch.completion_mask, old_logprobs=old, advantages=advantages_,
+                          ref_logprobs=ref_lp, routes=routes)
+    for rows in rl.minibatches(len(rl_batch), cfg, gen):
+        rl.update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=cfg.beta)
+    _sync(device)
+    out["update"] = (time.perf_counter() - t0, _stage_peak_gb(device))
+    assert int(batch.completion_mask.sum()) == len(batch.completions) * cfg.max_new_tokens  # the fixed work
+    return out
+
+
+#: The row of ``memory.FIT_SETTINGS`` the GPU check runs: it fits 80 GB by the plan, and its larger chunks keep the
+#: decode loops and forwards few enough for the check's time budget.
+REAL_SIZES_SETTINGS = "checkpointing with larger chunks: generation 256 / log-prob 32 / micro-batch 16 rows"
+
+
+def run_real_sizes(*, batches=((32, 16), (8, 8)), max_new_tokens: int = 512, prompt_tokens: int = 128,
+                   steps: int = 3, layers: int | None = None, hidden_size: int | None = None,
+                   settings: str = REAL_SIZES_SETTINGS, seed: int = 0) -> dict:
+    """``steps`` RL steps of a random Qwen3-0.6B-shaped model at each batch (prompts x samples), every completion
+    ``max_new_tokens`` long, with ``memory.FIT_SETTINGS[settings]``: seconds and peak memory per stage, beside
+    ``memory_plan``'s prediction of each stage's peak (the static terms plus that stage's).
+
+    The model is built from Qwen3-0.6B's config (``memory.qwen3_0_6b_config``) with random weights (they change
+    neither memory nor time), in float32 on the device; ``layers`` / ``hidden_size`` shrink it for a CPU dry run
+    (the vocabulary stays 151,936). Prompts are ``prompt_tokens`` tokens of minirl's tokenizer. On CPU a stage's
+    peak is the process's peak resident memory (Linux; the runtime included: no allocator statistics there).
+
+    Returns:
+        dict: the model's and run's sizes, ``plan`` (GB per stage), and per batch the list of steps' stages
+        ``{"generation": [seconds, peak GB], ...}``.
+    """
+    import datasets
+    from transformers import Qwen3ForCausalLM
+
+    from . import memory, precision
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    qcfg = memory.qwen3_0_6b_config()
+    if layers is not None:
+        qcfg.num_hidden_layers = layers
+    if hidden_size is not None:
+        qcfg.hidden_size, qcfg.intermediate_size = hidden_size, 3 * hidden_size
+    tokenizer = build_tokenizer()
+    qcfg.pad_token_id, qcfg.eos_token_id, qcfg.bos_token_id = (tokenizer.pad_token_id, tokenizer.eos_token_id,
+                                                               tokenizer.bos_token_id)
+    prompt = "1" * (prompt_tokens - 1)  # one token per character, after the BOS
+    assert len(tokenizer(prompt).input_ids) == prompt_tokens
+    result = {"device": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+              "torch": torch.__version__, "settings": settings, "max_new_tokens": max_new_tokens,
+              "prompt_tokens": prompt_tokens, "steps": steps, "batches": {}, "plan": {}}
+    for prompts, group in batches:
+        set_seed(seed)
+        with torch.device(device):
+            model = Qwen3ForCausalLM._from_config(qcfg, attn_implementation="sdpa", dtype=torch.float32)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        result["parameters"] = models.count_parameters(model)
+        cfg = make_config("grpo", seed=seed, prompts_per_step=prompts, group_size=group, max_new_tokens=max_new_tokens,
+                          num_minibatches=1, lr=1e-6, progress=False, **memory.FIT_SETTINGS[settings])
+        precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
+        ref = rl.reference_model(model, None, cfg)
+        optimizer = rl.make_optimizer(model, None, cfg)
+        gen = torch.Generator().manual_seed(seed)
+        data = datasets.Dataset.from_dict({"prompt": [prompt] * prompts})
+        key = f"{prompts}x{group}x{max_new_tokens}"
+        plan = memory.memory_plan(qcfg, cfg, prompt_tokens=prompt_tokens)
+        static = plan["weights"] + plan["grads"] + plan["optimizer"] + plan["reference"]
+        result["plan"][key] = {"generation": round((static + plan["kv_cache"]) / 1e9, 2),
+                               "logprob_forward": round((static + plan["logits_chunk"]) / 1e9, 2),
+                               "update": round((static + plan["activations"] + plan["backward_head"]) / 1e9, 2)}
+        result["batches"][key] = [
+            {k: [round(s, 3), gb] for k, (s, gb) in real_sizes_step(
+                model, tokenizer, data, cfg, ref=ref, optimizer=optimizer, gen=gen, device=device).items()}
+            for _ in range(steps)]
+        del model, ref, optimizer
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    if device != "cuda":  # the stages' peaks (each stage resets the kernel's, so ru_maxrss holds the last one only)
+        peaks = [gb for steps in result["batches"].values() for stages in steps for _, gb in stages.values()]
+        result["peak_rss_gb"] = max((gb for gb in peaks if gb is not None), default=None)
+    return result
+
+
+def real_sizes_table(result: dict) -> str:
+    """``run_real_sizes``'s result as text: per batch and step, each stage's seconds and measured peak against the
+    plan's."""
+    lines = [f"random Qwen3-0.6B-shaped model ({result['parameters'] / 1e6:.0f} M parameters) on {result['device']}, "
+             f"prompts of {result['prompt_tokens']} tokens, {result['settings']}"]
+    for key, steps in result["batches"].items():
+        plan = result["plan"][key]
+        lines.append(f"{key}:  stage            seconds   peak GB   planned GB")
+        for i, stages in enumerate(steps, 1):
+            for stage, (seconds, peak) in stages.items():
+                shown = "-" if peak is None else f"{peak:.2f}"
+                lines.append(f"  step {i}  {stage:<16} {seconds:8.2f} {shown:>9} {plan[stage]:>12.2f}")
+    if result.get("peak_rss_gb") is not None:
+        lines.append(f"process peak resident memory {result['peak_rss_gb']:.2f} GB; on CPU a stage's peak is the "
+                     f"process's resident memory, the Python runtime and libraries included")
+    return "\n".join(lines)

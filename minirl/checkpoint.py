@@ -29,7 +29,7 @@ from .history import History
 
 POLICY, STATE = "policy", "trainer_state.pt"
 #: Settings that may change between a run and its resume: they do not change what a step computes.
-MAY_DIFFER = ("steps", "progress", "checkpoint_every", "eval_every")
+MAY_DIFFER = ("steps", "progress", "checkpoint_every", "eval_every", "report_to")
 
 
 def save_policy(model, tokenizer, path: str | Path) -> Path:
@@ -42,7 +42,8 @@ def save_policy(model, tokenizer, path: str | Path) -> Path:
 
 
 def load_weights(model, path: str | Path) -> None:
-    """Copy the weights that ``save_pretrained`` wrote to ``path`` into ``model`` in place (no second model built).
+    """Copy the weights that ``save_pretrained`` wrote to ``path`` into ``model`` in place (no second model built);
+    for a LoRA policy, the adapter's (``lora.load_adapter_weights``).
 
     Raises:
         ValueError: if a saved tensor is not a parameter or buffer of ``model``, or a tensor of ``model`` is
@@ -52,6 +53,10 @@ def load_weights(model, path: str | Path) -> None:
     """
     from safetensors.torch import load_file
 
+    from . import lora
+
+    if lora.is_lora(model):  # a LoRA run saved its adapter only; the frozen base is already in place
+        return lora.load_adapter_weights(model, path)
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")

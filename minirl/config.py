@@ -18,10 +18,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import advantages, entropy_control, importance, kl, losses
+from . import advantages, entropy_control, importance, kl, losses, offpolicy
 from .checks import choice
+from .lora import target_modules as lora_target_modules
 from .precision import PRECISIONS
 
+#: ``RLConfig.distill``: "none" (the RL loop), or the objective of ``distill_loop.train_distill``.
+DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
+#: RLConfig fields the distillation loop does not read: with ``distill`` set they must keep their defaults.
+DISTILL_UNREAD = ("precision", "gradient_checkpointing", "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
+                  "pi_old", "is_correction", "routing_replay", "overlong_shaping", "overlong_filter",
+                  "router_aux_loss_coef", "checkpoint_every", "kl_placement", "adaptive_kl", "top_k", "top_p",
+                  "keep_sampling_mask", "sampler_sync_every", "off_policy_mask_threshold", "kl_ratio_weighted",
+                  "lora_rank", "report_to")
+#: The values of ``RLConfig.report_to``: metrics only in History / metrics.jsonl, or also as TensorBoard scalars.
+REPORT_TO = ("none", "tensorboard")
 #: Seconds between progress-bar refreshes: a few lines per run in a stored notebook, not one per step.
 PROGRESS_INTERVAL = 10.0
 
@@ -139,6 +150,12 @@ class RLConfig:
     adaptive_kl: bool = False  # PPO's adaptive controller (Ziegler et al. 2019) instead of a fixed beta
     target_kl: float = 0.05  # nats per sequence, for the adaptive controller
     kl_horizon: int = 1000  # samples, for the adaptive controller
+    # --- distillation (distill_loop.py): a teacher grades the student's tokens; "none" is the RL loop itself
+    distill: str = "none"  # DISTILL_OBJECTIVES: "reverse_kl" (the sampled per-token reward), "full_reverse_kl" (the
+    # exact KL over the vocabulary at each visited position) or "sft" (the NLL of the teacher's samples)
+    distill_gamma: float = 0.0  # discount of the reverse-KL reward to go (0: Tinker's, each token its own reward)
+    distill_coef: float = 1.0  # weight of the teacher's term
+    task_coef: float = 0.0  # weight of the task score's group advantage beside the teacher (> 0: the mix)
     # --- DAPO
     dynamic_sampling: bool = False  # keep only groups with non-identical accuracy, over-sampling to fill the batch
     gen_prompts_per_round: int | None = None  # prompts per generation round when over-sampling (None: prompts_per_step)
@@ -156,7 +173,7 @@ class RLConfig:
     replay_source: str = "trainer"  # routing replay's routes: "trainer" (R2: pi_old's recomputing forward) or
     # "sampler" (R3: the experts the sampler used while decoding, Ma et al. 2025)
     # --- a sampler that is not the trainer (sampler.py, importance.py); the defaults change nothing
-    sampler_dtype: str = "float32"  # "float32" (the trainer itself) or "bfloat16" (a copy, synced every update)
+    sampler_dtype: str = "float32"  # "float32" (the trainer itself), "bfloat16" or "float16" (a copy, synced)
     sampler_logit_noise: float = 0.0  # std (nats) of noise on the sampler's next-token logits
     sampler_router_noise: float = 0.0  # std of noise on the sampler's MoE router logits
     pi_old: str = "recomputed"  # importance.PI_OLD: the trainer's recomputed pi_old, or "naive" (the sampler's)
@@ -164,6 +181,15 @@ class RLConfig:
     is_cap: float = 2.0  # C of TIS / C_max of MIS, on the weight pi_old / sampler (Yao et al.: 2; TRL's default 3)
     is_cap_low: float | None = None  # optional C_min: TIS raises weights to it, MIS masks those below it
     is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
+    # --- stale and truncated samplers (truncation.py, stale.py, offpolicy.py); the defaults change nothing
+    top_k: int = 0  # the rollouts' top-k (0: off); the kept sets are recorded per token (Rollout.kept)
+    top_p: float = 1.0  # the rollouts' nucleus mass (1.0: off); evaluation always samples the full distribution
+    keep_sampling_mask: bool = False  # renormalise the trainer's log-probs over the sampler's kept sets
+    # (DeepSeek-V3.2); off, they are the full vocabulary's and pi_old / mu = S, the kept mass, before any update
+    sampler_sync_every: int = 1  # the sampler reloads the weights every k steps: k > 1 is a stale copy, up to
+    # (k - 1) x num_minibatches x num_iterations updates behind (asynchronous RL); 1: synced after every step
+    off_policy_mask_threshold: float | None = None  # drop A < 0 sequences whose mean log(mu / pi) exceeds it
+    kl_ratio_weighted: bool = False  # the KL in the loss is (pi / pi_old) k3 (TRL's use_bias_correction_kl)
     router_aux_loss_coef: float = 0.0  # weight of the router's load-balancing loss (moe.load_balancing_loss) in the
     # objective; 0 (default) leaves it out. TRL's router_aux_loss_coef; the MoE model's own config says 0.001
     # --- a real model (precision.py, memory.py); the defaults are the toy's exact float32 loop
@@ -175,8 +201,12 @@ class RLConfig:
     completion_only_head: bool = False  # the update's LM head on completion positions only (logits_to_keep): saves
     # (b, P, V) logits at real vocabularies; off by default because its gradient differs by round-off (the matmul's
     # shape), which would move the toy's stored figures. The no-grad forwards always keep only the completion's logits
+    lora_rank: int = 0  # LoRA (lora.py, peft: the [lora] extra): the adapter's rank r; 0 trains every weight
+    lora_alpha: float = 32.0  # the adapter's output is scaled by lora_alpha / lora_rank
+    lora_target_modules: str = "all-linear"  # "all-linear" (attention and MLP, never the head) or "q_proj,v_proj"
     # --- logging and checkpoints
     checkpoint_every: int = 0  # save a checkpoint every N steps under train_rl's output_dir (0: none; checkpoint.py)
+    report_to: str = "none"  # "tensorboard": every History row also as scalars under output_dir/tensorboard
     eval_every: int = 0  # evaluate on the held-out split every N steps (0: only before and after)
     eval_samples_per_prompt: int = 1
     eval_pass_at_k: tuple[int, ...] = ()  # log eval_pass_at_<k> for each k (<= eval_samples_per_prompt; 0/1 rewards)
@@ -192,8 +222,9 @@ class RLConfig:
         the generation budget. The one place a config becomes a loss, so a new loss mode never touches rl.py."""
         return {**self.policy_loss_settings(), "max_tokens": self.max_new_tokens}
 
-    def validate(self) -> None:
-        """Raise ValueError naming the field for any invalid setting."""
+    def validate(self, *, loop: str | None = None) -> None:
+        """Raise ValueError naming the field for any invalid setting; ``loop="rl"`` (``rl.train_rl``) also refuses a
+        distillation objective, which only ``distill_loop.train_distill`` (with its teacher) runs."""
         choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
         choice("adv_scale", self.adv_scale, advantages.SCALES)
         if self.advantage in advantages.ESTIMATORS and self.adv_scale != "none":
@@ -212,8 +243,17 @@ class RLConfig:
         choice("kl_estimator", self.kl_estimator, kl.ESTIMATORS)
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
-        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16"))
+        choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16", "float16"))
+        offpolicy.check_settings(self)
         choice("precision", self.precision, PRECISIONS)
+        choice("report_to", self.report_to, REPORT_TO)
+        if self.lora_rank < 0 or not self.lora_alpha > 0:
+            raise ValueError(f"need lora_rank >= 0 (0: no LoRA) and lora_alpha > 0, got {self.lora_rank}, "
+                             f"{self.lora_alpha}")
+        lora_target_modules(self.lora_target_modules)  # raises for an empty list
+        if self.lora_rank and self.advantage == "gae":
+            raise ValueError("lora_rank > 0 with advantage='gae': PPO's critic copies the policy's backbone, which "
+                             "under LoRA carries the adapter; train PPO without LoRA, or use a critic-free preset")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         for name in ("micro_batch_size", "generation_batch_size", "logprob_batch_size"):
@@ -262,9 +302,41 @@ class RLConfig:
             raise ValueError(f"router_aux_loss_coef must be a finite number >= 0, got {self.router_aux_loss_coef}")
         if self.gen_prompts_per_round is not None and self.gen_prompts_per_round < 1:
             raise ValueError(f"gen_prompts_per_round must be >= 1 or None, got {self.gen_prompts_per_round}")
+        self.validate_distill()
+        if loop == "rl" and self.distill != "none":
+            raise ValueError(f"distill={self.distill!r} needs a teacher: run distill_loop.train_distill(..., "
+                             f"teacher=), not rl.train_rl")
         if self.overlong_shaping and not 0 < self.overlong_cache_len <= self.max_new_tokens:
             raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
                              f"got {self.overlong_cache_len}")
+
+    def validate_distill(self) -> None:
+        """The distillation fields' rules (``distill_loop.train_distill``): one optimiser step per rollout, no
+        reference KL, no task reward for SFT on the teacher's samples, and no distillation field set without
+        ``distill``."""
+        choice("distill", self.distill, DISTILL_OBJECTIVES)
+        if self.distill == "none":
+            if (self.distill_gamma, self.distill_coef, self.task_coef) != (0.0, 1.0, 0.0):
+                raise ValueError(f"distill_gamma, distill_coef and task_coef apply with a teacher (distill != 'none'); "
+                                 f"got {self.distill_gamma}, {self.distill_coef}, {self.task_coef} with distill='none'")
+            return
+        if self.num_iterations != 1 or self.num_minibatches != 1:
+            raise ValueError(f"distill={self.distill!r} takes one optimiser step per rollout (on-policy): set "
+                             f"num_iterations=1 and num_minibatches=1, got {self.num_iterations} and "
+                             f"{self.num_minibatches}")
+        if self.beta > 0 or self.dynamic_sampling or self.advantage != "group":
+            raise ValueError(f"distill={self.distill!r}: the teacher replaces the reference (beta must be 0), and the "
+                             f"mix's task advantage is GRPO's (advantage='group', no dynamic sampling)")
+        if not 0.0 <= self.distill_gamma <= 1.0 or self.distill_coef < 0 or self.task_coef < 0:
+            raise ValueError(f"need distill_gamma in [0, 1], distill_coef >= 0, task_coef >= 0; got "
+                             f"{self.distill_gamma}, {self.distill_coef}, {self.task_coef}")
+        unread = [name for name in DISTILL_UNREAD if getattr(self, name) != RLConfig.__dataclass_fields__[name].default]
+        if unread:
+            raise ValueError(f"distill={self.distill!r}: the distillation loop does not read {unread}; leave them at "
+                             f"their defaults")
+        if self.distill == "sft" and self.task_coef > 0:
+            raise ValueError("distill='sft' trains on the teacher's samples: a task reward on them is not the "
+                             "student's (task_coef must be 0)")
 
 
 # One row per algorithm: the switches it changes relative to the RLConfig defaults, with the paper each value comes

@@ -35,6 +35,40 @@ def parameter_count(model_config) -> int:
     return c.num_hidden_layers * (attn + mlp + 2 * H) + V * H + H + head
 
 
+def lora_parameter_count(model_config, *, rank: int, target: str = "all-linear") -> int:
+    """Parameters of a LoRA adapter of rank r: r (in + out) for each adapted linear layer of every decoder layer.
+
+    The linear layers of a Qwen3 decoder layer and their (in, out): q_proj (H, nh hd), k_proj and v_proj (H, nkv hd),
+    o_proj (nh hd, H), and the MLP's gate_proj and up_proj (H, I), down_proj (I, H). "all-linear" adapts all
+    seven (peft picks the same, never the LM head).
+
+    Raises:
+        ValueError: for a name that is not one of the seven (``lora.QWEN3_LINEAR``), or an MoE config: peft 0.21
+            also adapts an MoE's 3-d expert weights and its router, in a layout of its own, so count the peft
+            model's trainable parameters instead.
+
+    Source: Hu et al. 2021, "LoRA", section 4.1 (A is r x in, B is out x r).
+    """
+    from .lora import QWEN3_LINEAR, target_modules
+
+    c = model_config
+    H, nh, nkv = c.hidden_size, c.num_attention_heads, c.num_key_value_heads
+    hd = getattr(c, "head_dim", None) or H // nh
+    if getattr(c, "num_experts", None):
+        raise ValueError("lora_parameter_count counts dense decoders; for an MoE, count the peft model's trainable "
+                         "parameters (peft adapts its experts and router in a layout of its own)")
+    names = target_modules(target)
+    names = QWEN3_LINEAR if names == "all-linear" else names
+    unknown = set(names) - set(QWEN3_LINEAR)
+    if unknown:
+        raise ValueError(f"lora target modules {sorted(unknown)} are not Qwen3 linear layers {QWEN3_LINEAR}")
+    inter = c.intermediate_size
+    shapes = {"q_proj": (H, nh * hd), "k_proj": (H, nkv * hd), "v_proj": (H, nkv * hd), "o_proj": (nh * hd, H),
+              "gate_proj": (H, inter), "up_proj": (H, inter), "down_proj": (inter, H)}
+    per_layer = sum(rank * (shapes[n][0] + shapes[n][1]) for n in names)
+    return c.num_hidden_layers * per_layer
+
+
 def layer_activation_elements(model_config, rows: int, length: int, *, attention: str = "sdpa") -> int:
     """Elements one decoder layer saves for the backward, for ``rows`` sequences of ``length`` tokens (n = rows x L).
 
@@ -58,17 +92,22 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
 
     B = prompts_per_step x group_size rows of L = P + T tokens (P = ``prompt_tokens``, T = max_new_tokens);
     b_gen, b_lp, b_mb = the generation, log-prob and training micro-batch rows (``generation_batch_size``,
-    ``logprob_batch_size``, ``micro_batch_size``; None: all B, or the minibatch's B / num_minibatches rows).
-    w = bytes per weight (4, or 2 under "bf16"); a = bytes per activation (4 under "fp32", else 2); N parameters.
+    ``logprob_batch_size``, ``micro_batch_size``; None: all B, or the minibatch's B / num_minibatches rows; never
+    more than those).
+    w = bytes per weight (4, or 2 under "bf16"); a = bytes per activation (4 under "fp32", else 2); N parameters;
+    N_train the trainable ones: N, or under LoRA (``lora_rank`` > 0) the adapter's (``lora_parameter_count``).
 
     Terms (each a key of the result):
-        weights         N w
-        grads           N w                (kept between steps: zero_grad sets them to None only at the update)
-        optimizer       2 N w              (AdamW's two moments, in the weights' dtype)
-        reference       N w when beta > 0  (a second copy of the policy)
+        weights         (N + the adapter's) w
+        grads           N_train w          (kept between steps: zero_grad sets them to None only at the update)
+        optimizer       2 N_train w        (AdamW's two moments, in the weights' dtype)
+        reference       N w when beta > 0  (a second copy of the policy; 0 under LoRA: the adapter switched off)
         kv_cache        2 layers b_gen L nkv hd a   (decoding: keys and values of every position)
-        logits_chunk    b_lp (T + 1) V a + 2 b_lp T V 4   (a no-grad log-prob forward: the LM head's output on the
-                        completion positions, its float32 copy and that copy / temperature)
+        logits_chunk    b_lp (T + 1) V 4 + b_lp T V 4   (a no-grad log-prob forward: the LM head's output on the
+                        completion positions in float32 and its copy / temperature; under bf16 autocast the head's
+                        bfloat16 output is freed once copied. The peak resident memory of a 1-layer model with the
+                        real vocabulary, 16 rows of 64 tokens: 1.254 GB in float32, 1.245 GB under bf16 autocast,
+                        1.254 GB planned; within 1% from 4 to 16 rows, notebooks/results/real_model.json)
         activations     layers x layer_activation_elements(b_mb rows) a + b_mb (T + 1) H a + b_mb T V 4 + 2 n H a
                         + 2 b_mb L hd 4 (what the training forward saves: every layer, the LM head's input, the
                         float32 logits the selective log-softmax keeps, the final norm, RoPE's cos and sin); with
@@ -76,6 +115,8 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
         backward_head   2 b_mb T V 4 + b_mb (T + 1) V a   (the backward through the LM head: softmax and gradient
                         of the float32 logits, gradient of the head's output; b_mb L V a for the head's output
                         without ``completion_only_head``)
+    Under LoRA the activation terms are the full model's: measured within 1% on the 1-layer real-vocabulary model
+    (a frozen weight saves a little less, the adapter's rank-r products a little more).
     The peak is weights + grads + optimizer + reference + the largest stage: generation (kv_cache), the log-prob
     forwards (logits_chunk) or the update (activations + backward_head).
 
@@ -87,10 +128,10 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
 
     Returns:
         dict of the terms above in bytes, plus ``peak`` (bytes), ``peak_stage`` ("generation", "logprob_forward"
-        or "update") and ``parameters`` (N).
+        or "update"), ``parameters`` (N) and ``trainable`` (N_train).
 
     Raises:
-        ValueError: for an unknown attention kind or prompt_tokens < 1.
+        ValueError: for an unknown attention kind or prompt_tokens < 1 (and ``lora_parameter_count``'s).
     """
     if attention not in ("sdpa", "eager") or prompt_tokens < 1:
         raise ValueError(f"need attention 'sdpa' or 'eager' and prompt_tokens >= 1, got {attention!r}, {prompt_tokens}")
@@ -98,21 +139,24 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
     H, V, layers, nkv = c.hidden_size, c.vocab_size, c.num_hidden_layers, c.num_key_value_heads
     hd = getattr(c, "head_dim", None) or H // c.num_attention_heads
     N = parameter_count(c)
+    adapter = lora_parameter_count(c, rank=cfg.lora_rank, target=cfg.lora_target_modules) if cfg.lora_rank else 0
+    trainable = adapter if cfg.lora_rank else N
     w = 2 if cfg.precision == "bf16" else 4
     a = 4 if cfg.precision == "fp32" else 2
     B, T = cfg.prompts_per_step * cfg.group_size, cfg.max_new_tokens
     L = prompt_tokens + T
-    b_gen, b_lp = cfg.generation_batch_size or B, cfg.logprob_batch_size or B
-    b_mb = cfg.micro_batch_size or B // cfg.num_minibatches
+    b_gen, b_lp = min(cfg.generation_batch_size or B, B), min(cfg.logprob_batch_size or B, B)
+    b_mb = min(cfg.micro_batch_size or B, B // cfg.num_minibatches)  # a chunk never holds more rows than there are
     n = b_mb * L
     if cfg.gradient_checkpointing:
         layer_saved = layers * n * H + layer_activation_elements(c, b_mb, L, attention=attention)
     else:
         layer_saved = layers * layer_activation_elements(c, b_mb, L, attention=attention)
     plan = {
-        "weights": N * w, "grads": N * w, "optimizer": 2 * N * w, "reference": N * w if cfg.beta > 0 else 0,
+        "weights": (N + adapter) * w, "grads": trainable * w, "optimizer": 2 * trainable * w,
+        "reference": N * w if cfg.beta > 0 and not cfg.lora_rank else 0,
         "kv_cache": 2 * layers * b_gen * L * nkv * hd * a,
-        "logits_chunk": b_lp * (T + 1) * V * a + 2 * b_lp * T * V * 4,
+        "logits_chunk": b_lp * (T + 1) * V * 4 + b_lp * T * V * 4,
         "activations": (layer_saved + b_mb * (T + 1) * H + 2 * n * H) * a + b_mb * T * V * 4 + 2 * b_mb * L * hd * 4,
         "backward_head": 2 * b_mb * T * V * 4 + b_mb * ((T + 1) if cfg.completion_only_head else L) * V * a,
     }
@@ -120,7 +164,7 @@ def memory_plan(model_config, cfg: RLConfig, *, prompt_tokens: int = 128, attent
               "update": plan["activations"] + plan["backward_head"]}
     stage = max(stages, key=stages.get)
     static = plan["weights"] + plan["grads"] + plan["optimizer"] + plan["reference"]
-    return {**plan, "peak": static + stages[stage], "peak_stage": stage, "parameters": N}
+    return {**plan, "peak": static + stages[stage], "peak_stage": stage, "parameters": N, "trainable": trainable}
 
 
 def memory_table(model_config, cfg: RLConfig, **kwargs) -> str:
@@ -130,7 +174,9 @@ def memory_table(model_config, cfg: RLConfig, **kwargs) -> str:
     lines = [f"{cfg.prompts_per_step} prompts x {cfg.group_size} samples x {cfg.max_new_tokens} tokens "
              f"({B} rows), precision {cfg.precision}, micro-batch {cfg.micro_batch_size or 'all'}, log-prob batch "
              f"{cfg.logprob_batch_size or 'all'}, generation batch {cfg.generation_batch_size or 'all'}, "
-             f"checkpointing {cfg.gradient_checkpointing}, beta {cfg.beta}; {plan['parameters'] / 1e6:.0f} M params"]
+             f"checkpointing {cfg.gradient_checkpointing}, beta {cfg.beta}"
+             + (f", LoRA rank {cfg.lora_rank} ({plan['trainable'] / 1e6:.1f} M trainable)" if cfg.lora_rank else "")
+             + f"; {plan['parameters'] / 1e6:.0f} M params"]
     for key in ("weights", "grads", "optimizer", "reference", "kv_cache", "logits_chunk", "activations",
                 "backward_head", "peak"):
         lines.append(f"  {key:<14} {plan[key] / GB:8.2f} GB")
@@ -148,13 +194,58 @@ def qwen3_0_6b_config():
                        max_position_embeddings=40960)
 
 
+#: The settings ``fit_table`` compares, each on top of the GRPO preset with one minibatch: the defaults, then the
+#: changes a real model needs one at a time (``docs``: notebooks/real_model.md reads this table).
+FIT_SETTINGS = {
+    "defaults (fp32, every row at once)": dict(),
+    "bf16 autocast, generation 64 / log-prob 8 / micro-batch 4 rows": dict(
+        precision="bf16-autocast", generation_batch_size=64, logprob_batch_size=8, micro_batch_size=4,
+        completion_only_head=True),
+    "+ gradient checkpointing": dict(precision="bf16-autocast", generation_batch_size=64, logprob_batch_size=8,
+                                     micro_batch_size=4, completion_only_head=True, gradient_checkpointing=True),
+    "+ LoRA rank 16 (the reference: adapter off)": dict(
+        precision="bf16-autocast", generation_batch_size=64, logprob_batch_size=8, micro_batch_size=4,
+        completion_only_head=True, gradient_checkpointing=True, lora_rank=16),
+    "+ beta 0 instead of LoRA (no reference)": dict(
+        precision="bf16-autocast", generation_batch_size=64, logprob_batch_size=8, micro_batch_size=4,
+        completion_only_head=True, gradient_checkpointing=True, beta=0.0),
+    "checkpointing with larger chunks: generation 256 / log-prob 32 / micro-batch 16 rows": dict(
+        precision="bf16-autocast", generation_batch_size=256, logprob_batch_size=32, micro_batch_size=16,
+        completion_only_head=True, gradient_checkpointing=True),
+}
+#: (prompts, samples per prompt, completion tokens) of the issue's two batches.
+FIT_BATCHES = ((32, 16, 512), (8, 8, 512))
+
+
+def fit_table(model_config, *, prompt_tokens: int = 128, gpus_gb=(24, 80)) -> str:
+    """A markdown table: the planned peak (GB) of each ``FIT_SETTINGS`` row at each ``FIT_BATCHES`` batch, and
+    whether it fits each GPU size of ``gpus_gb`` (the plan's peak below the card's memory; allocator slack,
+    CUDA context and fragmentation take another 1-2 GB in practice)."""
+    from .config import make_config
+
+    head = ["setting (GRPO, beta 0.04, one minibatch)"]
+    for p, g, t in FIT_BATCHES:
+        head += [f"{p}x{g}x{t} peak", *(f"fits {gb} GB" for gb in gpus_gb)]
+    rows = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, settings in FIT_SETTINGS.items():
+        cells = [name]
+        for p, g, t in FIT_BATCHES:
+            cfg = make_config("grpo", prompts_per_step=p, group_size=g, max_new_tokens=t, num_minibatches=1,
+                              **settings)
+            peak = memory_plan(model_config, cfg, prompt_tokens=prompt_tokens)["peak"] / GB
+            cells += [f"{peak:,.1f} GB", *("yes" if peak < gb else "no" for gb in gpus_gb)]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
     from .config import make_config
 
     qwen = qwen3_0_6b_config()
-    for prompts, group in ((32, 16), (8, 8)):
-        for settings in (dict(), dict(precision="bf16-autocast", micro_batch_size=4, logprob_batch_size=8,
-                                      generation_batch_size=64, gradient_checkpointing=True)):
-            cfg = make_config("grpo", prompts_per_step=prompts, group_size=group, max_new_tokens=512,
-                              num_minibatches=1, **settings)
+    print("Qwen3-0.6B, prompts of 128 tokens: the planned peak of one GRPO step\n")
+    print(fit_table(qwen), end="\n\n")
+    for prompts, group, tokens in FIT_BATCHES:
+        for name in [list(FIT_SETTINGS)[i] for i in (0, 2, 3)]:  # the defaults, checkpointing, LoRA
+            cfg = make_config("grpo", prompts_per_step=prompts, group_size=group, max_new_tokens=tokens,
+                              num_minibatches=1, **FIT_SETTINGS[name])
             print(memory_table(qwen, cfg, prompt_tokens=128), end="\n\n")

@@ -109,6 +109,10 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
            "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
            "token MIS, router noise 1.0": "tab:green", "R2, router noise 1.0": "tab:purple",
            "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive",
+           # 10: distillation (GRPO keeps its blue)
+           "on-policy distillation": "tab:red", "full-vocab distillation": "tab:purple",
+           "SFT on teacher samples": "tab:orange", "GRPO (task reward)": "tab:blue", "mix": "tab:green",
+           "teacher": "black",
            # 09: the entropy controls on top of GRPO ("+ clip-higher" as in 04)
            "+ entropy bonus": "tab:green", "+ adaptive entropy": "tab:cyan", "+ Clip-Cov": "tab:purple",
            "+ KL-Cov": "tab:red", "+ top-entropy tokens": "tab:brown"}

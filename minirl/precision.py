@@ -80,7 +80,9 @@ def autocast(model: torch.nn.Module, precision: str):
     choice("precision", precision, PRECISIONS)
     if precision != "bf16-autocast":
         return nullcontext()
-    return torch.autocast(device_type=next(model.parameters()).device.type, dtype=torch.bfloat16)
+    # a transformers model (and LoRA's reference, which holds no parameters of its own) names its device
+    device = model.device if hasattr(model, "device") else next(model.parameters()).device
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
 @contextmanager

@@ -31,13 +31,13 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import checkpoint, entropy_control, importance, kl, losses, models, precision, rewards, rollout, sampling, tasks
+from . import (checkpoint, entropy_control, importance, kl, lora, losses, models, offpolicy, precision, rewards,
+               rollout, sampling, tasks, tracking)
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
 from .history import History
 from .moe import Routes, capture_router_logits, load_balancing_loss, record_routing, replay_routing, routers
-from .sampler import make_sampler, sync_sampler
 
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
@@ -57,29 +57,28 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             form, see ``rewards.score_completions``: it also receives ``trainer_state`` and ``log_metric``), or a
             list of them; None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
         reward_weights: one weight per reward function (default 1 each).
-        ref_model: the frozen reference; default a copy of the policy at the start, made only when beta > 0.
+        ref_model: the frozen reference; default, when beta > 0, a copy of the policy (LoRA: the adapter off).
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
-        callback: called as ``callback(step, row)`` after each step, before the row is logged: metrics it adds to
-            ``row`` (e.g. a measurement on fresh samples) are logged with it.
-        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained`` of model and tokenizer)
-            and a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``); None saves nothing.
+        callback: ``callback(step, row)`` after each step, before the row is logged (what it adds is logged too).
+        output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained``; under LoRA the adapter),
+            a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``), TensorBoard's events; None: none.
         resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
 
     Raises:
-        ValueError: for an invalid config, data without a ``prompt`` column, or a reward function that returns a
-            wrong count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion
-            that every reward function returned None for; a tokenizer that pads on the right
-            (``rollout.check_tokenizer``); weights that are not float32 under precision "fp32" or "bf16-autocast"
-            (``precision.prepare``); checkpoint_every without output_dir, or resuming with other settings
-            (``checkpoint.resume``). RuntimeError when dynamic sampling runs out of rounds.
+        ValueError: for an invalid config, data without a ``prompt`` column, a reward function that returns a wrong
+            count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion that
+            every reward function returned None for; right padding (``rollout.check_tokenizer``); weights not float32
+            under precision "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without
+            output_dir, resuming with other settings (``checkpoint.resume``). RuntimeError: dynamic sampling ran out.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
     """
-    cfg.validate()
+    cfg.validate(loop="rl")  # also refuses the distillation settings: distill_loop.train_distill runs them
+    model = lora.attach_for(model, cfg)  # a LoRA adapter when cfg.lora_rank > 0, else the model itself
     precision.prepare(model, precision=cfg.precision, lr=cfg.lr, gradient_checkpointing=cfg.gradient_checkpointing)
     if cfg.router_aux_loss_coef > 0:
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
@@ -94,14 +93,14 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     if critic is None and cfg.advantage == "gae":
         critic = models.ValueModel(model).to(next(model.parameters()).device)
     optimizer = make_optimizer(model, critic, cfg)
-    sampler = make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
-                           router_noise=cfg.sampler_router_noise, seed=cfg.seed)  # the trainer itself by default
+    sampler = offpolicy.make_step_sampler(model, cfg)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history, start, ent = cfg.beta, History(), 0, entropy_control.make_state(cfg, resuming=bool(resume_from))
+    callback = tracking.reporting(callback, cfg.report_to, output_dir, last_step=cfg.steps)  # + TensorBoard
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
-        sync_sampler(sampler, model)
+        offpolicy.resume_sampler(sampler, model, start, cfg)  # the trainer's weights: exact where it reloads
     elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
                                            reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
@@ -129,18 +128,19 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                            n_prompt_tokens=batch.n_prompt_tokens, completion_mask=mask,
                            loss_mask=loss_mask(batch, cfg), old_logprobs=old_logprobs, advantages=advantages,
                            ref_logprobs=ref_logprobs, old_values=old_values, returns=returns, routes=routes,
-                           sampler_logprobs=batch.sampler_logprobs)
+                           sampler_logprobs=batch.sampler_logprobs, kept=batch.kept)
         # 4. optimise: epochs x minibatches (split by groups), one optimiser step each
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=ent)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
-        sync_sampler(sampler, model)  # the sampler reloads the new weights, as an inference engine does
+        offpolicy.sync_if_due(sampler, model, step, cfg)  # the sampler reloads the weights, as an engine does
         t_opt = time.time() - t_opt
         # 5. log
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
         row.update({name: float(np.mean(values)) for name, values in logged.items()})
+        row.update(offpolicy.staleness_metrics(step, cfg, batch, old_logprobs))  # with sampler_sync_every > 1
         if source == "recomputed" and sampler is not model:  # the sampler/trainer gap, as the engines log it
             row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
                 old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,
@@ -158,23 +158,25 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                             tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
                             ref_model=ref_model, critic=critic)
     if output_dir is not None:
-        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)
+        checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)  # the adapter only under LoRA
     return history
 
 
 # ------------------------------------------------------------------------------------------------ setup
 def reference_model(model, ref_model, cfg: RLConfig):
-    """The frozen reference: the one given, or a copy of the policy when beta > 0 needs one; None otherwise."""
+    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy (under LoRA the policy
+    with its adapter switched off, ``lora.AdapterOff``: no second copy); None otherwise."""
     if ref_model is None and cfg.beta > 0:
-        ref_model = copy.deepcopy(model)
+        ref_model = lora.AdapterOff(model) if lora.is_lora(model) else copy.deepcopy(model)
     if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return ref_model
 
 
 def make_optimizer(model, critic, cfg: RLConfig) -> torch.optim.Optimizer:
-    """One AdamW over the policy (lr) and, for PPO, the critic (value_lr) as a second parameter group."""
-    groups = [{"params": list(model.parameters()), "lr": cfg.lr}]
+    """One AdamW over the policy's trainable weights (lr; under LoRA the adapter's) and, for PPO, the critic
+    (value_lr) as a second parameter group."""
+    groups = [{"params": [p for p in model.parameters() if p.requires_grad], "lr": cfg.lr}]
     if critic is not None:
         groups.append({"params": list(critic.parameters()), "lr": cfg.value_lr})
     return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -218,7 +220,8 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
             r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens,
                                  temperature=cfg.temperature, recompute_logprobs=False,  # pi_old: behaviour_logprobs
                                  min_new_tokens=min_new_tokens, batch_size=cfg.generation_batch_size,
-                                 record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler")
+                                 record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler",
+                                 top_k=cfg.top_k, top_p=cfg.top_p)
         r.columns = rollout.dataset_columns(rows, r.prompt_index)
         s, r.rewards_per_func = rewards.score_completions(  # (B,) the weighted sum, (B, K) per function (GDPO)
             reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r), columns=r.columns,
@@ -294,6 +297,7 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig, 
     r3 = cfg.routing_replay and cfg.replay_source == "sampler"
     routes = batch.sampler_routes if r3 else None
     old_logprobs, autocast = None, precision.autocast(model, cfg.precision)
+    kept = offpolicy.kept_sets(batch.kept, cfg)  # (B, T, V) with keep_sampling_mask, else None
     if source == "recomputed":
         chunks = torch.arange(len(mask), device=mask.device).split(cfg.logprob_batch_size or len(mask))
         with autocast, record_routing(model) if cfg.routing_replay and not r3 else nullcontext() as recorded:
@@ -301,7 +305,8 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig, 
             for rows in chunks:  # R3 forces each chunk's rows of the sampler's routes
                 with replay_routing(model, routes.select(rows)) if r3 else nullcontext():
                     parts.append(rollout.token_logprobs(model, batch.input_ids[rows], batch.attention_mask[rows], P,
-                                                        temperature=cfg.temperature))
+                                                        temperature=cfg.temperature,
+                                                        kept=None if kept is None else kept[rows]))
         old_logprobs = torch.cat(parts)  # (B, T)
         routes = routes if r3 else recorded
     if source != "current":
@@ -409,6 +414,7 @@ class RLBatch:
     returns: Tensor | None = None  # (B, T) the critic's regression targets (PPO)
     routes: Routes | None = None  # recorded MoE routing of pi_old's forward (routing replay)
     sampler_logprobs: Tensor | None = None  # (B, T) the sampler's own, for an importance correction
+    kept: Tensor | None = None  # (B, T, V) bool, a top-k / top-p sampler's kept sets
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -466,10 +472,12 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
                     weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
                                                     correction=cfg.is_correction, cap=cfg.is_cap,
                                                     cap_low=cfg.is_cap_low, form=cfg.is_seq_form)
+                weights = offpolicy.sequence_weights(weights, logprobs, micro.sampler_logprobs, micro.advantages,
+                                                     micro.completion_mask, cfg)  # DeepSeek-V3.2's sequence mask
                 pg_loss, st = entropy_control.policy_objective(  # losses.policy_loss with cfg's entropy controls
                     logprobs, entropy, old_logprobs, micro, cfg, denominator=denominator, is_weights=weights,
                     state=ent, share=len(micro) / len(minibatch))
-                kl_loss = kl_loss_term(logprobs, micro, cfg, denominator) if kl_in_loss else 0.0
+                kl_loss = kl_loss_term(logprobs, old_logprobs, micro, cfg, denominator) if kl_in_loss else 0.0
                 value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
                 aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0
                 policy_objective = pg_loss + beta * kl_loss + cfg.router_aux_loss_coef * aux_loss
@@ -504,7 +512,7 @@ def policy_logprobs(model, micro: RLBatch, cfg: RLConfig) -> tuple[Tensor, Tenso
     recorded routes, call it inside ``replaying(model, micro.routes)`` (``update_minibatch`` does)."""
     return rollout.token_logprobs(model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens,
                                   temperature=cfg.temperature, return_entropy=True,
-                                  completion_only=cfg.completion_only_head,
+                                  completion_only=cfg.completion_only_head, kept=offpolicy.kept_sets(micro.kept, cfg),
                                   entropy_grad=entropy_control.needs_entropy_grad(cfg))
 
 
@@ -529,11 +537,12 @@ def router_aux_term(router_logits: list[Tensor], micro: RLBatch, model, n_miniba
     return aux * len(micro) / n_minibatch
 
 
-def kl_loss_term(logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: float) -> Tensor:
-    """The KL in the loss: the per-token estimate, differentiated, aggregated like the policy loss (by sequence
-    under GSPO, whose policy loss has one term per sequence)."""
+def kl_loss_term(logprobs: Tensor, old_logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: float
+                 ) -> Tensor:
+    """The KL in the loss: the per-token estimate (ratio-weighted k3 with cfg.kl_ratio_weighted), differentiated,
+    aggregated like the policy loss (by sequence under GSPO, whose policy loss has one term per sequence)."""
     agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
-    per_token = kl.kl_in_loss(logprobs, micro.ref_logprobs, estimator=cfg.kl_estimator, mask=micro.loss_mask)  # (b, T)
+    per_token = offpolicy.kl_terms(logprobs, old_logprobs, micro.ref_logprobs, micro.loss_mask, cfg)  # (b, T)
     return losses.aggregate(per_token, micro.loss_mask, agg, max_tokens=cfg.max_new_tokens, denominator=denominator)
 
 

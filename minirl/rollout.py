@@ -24,6 +24,7 @@ from torch import Tensor
 from .chat import encode_prompts
 from .checks import choice, ndim, same_shape, zero_outside
 from .moe import Routes, record_routing
+from .truncation import kept_logprobs, kept_mask
 
 
 @dataclass
@@ -52,6 +53,9 @@ class Rollout:
             layer), when asked for: what Rollout Routing Replay (R3) replays in the trainer.
         rewards_per_func: (B, K) each reward function's score, NaN where it returned None; filled by the RL loop
             for GDPO (``advantages.gdpo_advantages``), else None.
+        kept: (B, T, V) bool, the top-k / top-p sampler's kept set at each position (``truncation.kept_mask``),
+            all True after EOS; None when the sampler does not truncate. B x T x V bytes: small here, 1.6 GB for
+            64 x 160 tokens at V = 151,936 (a real run would keep the kept ids, or the boundary logit, instead).
     """
 
     input_ids: Tensor
@@ -69,6 +73,7 @@ class Rollout:
     sampler_logprobs: Tensor | None = None
     sampler_routes: object = None
     rewards_per_func: Tensor | None = None
+    kept: Tensor | None = None
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -228,7 +233,8 @@ def entropy_from_logits(logits: Tensor, *, grad: bool = False) -> Tensor:
 
 def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, *,
                    temperature: float = 1.0, return_entropy: bool = False, batch_size: int | None = None,
-                   completion_only: bool = True, entropy_grad: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+                   completion_only: bool = True, kept: Tensor | None = None,
+                   entropy_grad: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Log-probabilities of the completion tokens under ``model``, from logits / temperature, in float32.
 
     The logits at position t predict token t+1, so the completion's log-probs come from positions
@@ -248,6 +254,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
         batch_size: rows per forward (None: all B at once); for the no-grad forwards of pi_old, the reference and
             evaluation (``RLConfig.logprob_batch_size``). Each row's result does not depend on it beyond round-off.
         completion_only: the LM head on the completion positions only (``completion_logits``).
+        kept: optional (B, T, V) bool kept sets of a top-k / top-p sampler (``Rollout.kept``): the log-probs are
+            then renormalised over them (``truncation.kept_logprobs``, DeepSeek-V3.2's keep-sampling-mask), 0 off the
+            completion (``attention_mask[:, P:]``); the entropy stays the full vocabulary's.
 
     Returns:
         (B, T) log-probs (nats) of the completion tokens, with grad if the model has grad enabled; positions after
@@ -262,16 +271,20 @@ def token_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
         raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
     ndim("input_ids", input_ids, 2, "(B, L)")
     if batch_size is not None and batch_size < input_ids.shape[0]:
-        parts = [token_logprobs(model, ids, mask, n_prompt_tokens, temperature=temperature,
+        parts = [token_logprobs(model, ids, mask, n_prompt_tokens, temperature=temperature, kept=k,
                                 return_entropy=return_entropy, completion_only=completion_only,
                                 entropy_grad=entropy_grad)
-                 for ids, mask in zip(input_ids.split(batch_size), attention_mask.split(batch_size), strict=True)]
+                 for ids, mask, k in zip(input_ids.split(batch_size), attention_mask.split(batch_size),
+                                         (kept.split(batch_size) if kept is not None else
+                                          [None] * len(input_ids.split(batch_size))), strict=True)]
         if not return_entropy:
             return torch.cat(parts)
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     logits = completion_logits(model, input_ids, attention_mask, n_prompt_tokens,
                                completion_only=completion_only).float() / temperature  # (B, T, V)
-    logprobs = selective_log_softmax(logits, input_ids[:, n_prompt_tokens:])  # (B, T)
+    tokens = input_ids[:, n_prompt_tokens:]  # (B, T); with kept sets: log pi - log S over each
+    logprobs = (selective_log_softmax(logits, tokens) if kept is None
+                else kept_logprobs(logits, tokens, kept, attention_mask[:, n_prompt_tokens:]))  # (B, T)
     if not return_entropy:
         return logprobs
     return logprobs, entropy_from_logits(logits, grad=entropy_grad)
@@ -310,7 +323,8 @@ def sequence_logprobs(token_logprobs: Tensor, mask: Tensor, *, reduction: str = 
 @torch.no_grad()
 def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tensor, max_new_tokens: int, *,
                   eos_token_id: int | Sequence[int], pad_token_id: int, temperature: float = 1.0,
-                  greedy: bool = False, min_new_tokens: int = 0) -> tuple[Tensor, Tensor]:
+                  greedy: bool = False, min_new_tokens: int = 0, top_k: int | None = None,
+                  top_p: float | None = None, return_kept: bool = False) -> tuple[Tensor, ...]:
     """Ancestral sampling: one token per step from softmax(logits / temperature), reusing the KV cache.
 
     The loop is what ``transformers``' ``generate`` does for plain sampling, without the machinery around it
@@ -333,13 +347,17 @@ def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
         greedy: take the argmax instead of sampling.
         min_new_tokens: EOS is forbidden (its logit set to -inf) for the first this many tokens. For timing fixed
             work only: the tokens then no longer come from the distribution ``token_logprobs`` describes.
+        top_k, top_p: truncate each step's distribution to ``truncation.kept_mask``'s kept set (after the
+            temperature, as transformers does) and renormalise; None / 0 / 1.0: off, the plain sampler, same tokens.
+        return_kept: also return the (B, T, V) bool kept sets (all True when off; after EOS they are never read).
 
     Returns:
         (completion_ids (B, T) long, logprobs (B, T) float32: the log-probs at ``temperature`` of the tokens drawn,
-        0 after EOS), T <= max_new_tokens the number of steps taken.
+        under the truncated distribution when truncating, 0 after EOS), T <= max_new_tokens the number of steps
+        taken; with ``return_kept``, the kept sets third.
 
     Raises:
-        ValueError: if max_new_tokens < 1, temperature <= 0 or min_new_tokens < 0.
+        ValueError: if max_new_tokens < 1, temperature <= 0, min_new_tokens < 0, or top_k / top_p are invalid.
 
     Source: ancestral sampling from an autoregressive model (e.g. Holtzman et al. 2020, section 2, "pure sampling").
     """
@@ -353,7 +371,9 @@ def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
     cache_name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     ids, mask, positions, cache = prompt_ids, prompt_mask, position_ids_from_mask(prompt_mask), None
     done = torch.zeros(B, dtype=torch.bool, device=prompt_ids.device)
-    tokens, logprobs = [], []
+    tokens, logprobs, kept_sets = [], [], []
+    truncating = bool(top_k) or (top_p is not None and top_p < 1.0)
+    kept_mask(torch.zeros(1), top_k=top_k, top_p=top_p)  # checks the settings before any forward
     for t in range(max_new_tokens):
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
                     **{cache_name: cache})
@@ -361,6 +381,10 @@ def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
         logits = out["logits"][:, -1].float() / temperature  # (B, V)
         if t < min_new_tokens:
             logits[:, eos] = -torch.inf
+        kept = kept_mask(logits, top_k=top_k, top_p=top_p) if truncating or return_kept else None  # (B, V)
+        if truncating:  # mu: the kept set's distribution, renormalised (what a top-k / top-p engine samples)
+            logits = logits.masked_fill(~kept, -torch.inf)
+        kept_sets.append(kept)
         logp = F.log_softmax(logits, dim=-1)  # (B, V)
         if greedy:
             token = logits.argmax(-1)  # (B,)
@@ -374,20 +398,23 @@ def sample_tokens(model: torch.nn.Module, prompt_ids: Tensor, prompt_mask: Tenso
             break
         ids, positions = token.unsqueeze(1), positions[:, -1:] + 1
         mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
-    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+    out = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+    return (*out, torch.stack(kept_sets, dim=1)) if return_kept else out
 
 
 @torch.no_grad()
 def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_size: int, max_new_tokens: int,
              *, temperature: float = 1.0, greedy: bool = False, record_routes: bool = False,
              recompute_logprobs: bool = True, min_new_tokens: int = 0, record_sampler_routes: bool = False,
-             batch_size: int | None = None, logprob_batch_size: int | None = None) -> Rollout:
+             batch_size: int | None = None, logprob_batch_size: int | None = None, top_k: int | None = None,
+             top_p: float | None = None) -> Rollout:
     """Sample ``group_size`` completions for each prompt and compute their behaviour log-probs.
 
-    Sampling is plain ancestral sampling from softmax(logits / temperature) (``sample_tokens``): no top-k, top-p or
-    any other logits processor, because the loss assumes the tokens came from exactly the distribution
-    ``token_logprobs`` computes. No setting of the model's own generation config (a checkpoint's
-    generation_config.json) reaches the sampler, except its EOS ids: every id of ``eos_token_ids`` ends a row.
+    Sampling is plain ancestral sampling from softmax(logits / temperature) (``sample_tokens``): by default no top-k,
+    top-p or any other logits processor, because the loss assumes the tokens came from exactly the distribution
+    ``token_logprobs`` computes; with ``top_k`` / ``top_p`` the kept sets are returned (``Rollout.kept``), so the
+    trainer can renormalise over them (``token_logprobs(kept=...)``). No setting of the model's own generation
+    config (generation_config.json) reaches the sampler, except its EOS ids: every id of ``eos_token_ids`` ends a row.
 
     Args:
         model: a causal LM (put in eval mode for sampling, restored afterwards).
@@ -413,6 +440,8 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         batch_size: rows per decode loop (the generation batch size; None: all N * G at once). The KV cache then
             holds ``batch_size`` rows; each chunk draws its own random numbers, so the tokens differ from one loop's.
         logprob_batch_size: rows per forward of the recomputed log-probs (``token_logprobs``' batch_size).
+        top_k, top_p: the sampler's truncation (``sample_tokens``); off by default. The recomputed ``logprobs`` stay
+            the full vocabulary's (the naive trainer's), the sampler's own are the truncated distribution's.
 
     Returns:
         A ``Rollout`` with B = N * G rows, grouped by prompt.
@@ -438,15 +467,18 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
     enc = encode_prompts(tokenizer, prompts).to(device)  # (N, P): text as is, conversations by the chat template
     prompt_ids = enc.input_ids.repeat_interleave(group_size, dim=0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(group_size, dim=0)  # (B, P)
-    chunks, rows = [], batch_size or len(prompt_ids)  # (completion_ids, sampler_logprobs, routes) per batch
+    chunks, rows = [], batch_size or len(prompt_ids)  # (completion_ids, sampler_logprobs, routes, kept) per batch
+    truncating = bool(top_k) or (top_p is not None and top_p < 1.0)
     for ids, pmask in zip(prompt_ids.split(rows), prompt_mask.split(rows), strict=True):
         with record_routing(model, along="sequence") if record_sampler_routes else nullcontext() as chunk_routes:
-            chunks.append((*sample_tokens(model, ids, pmask, max_new_tokens, eos_token_id=eos,
-                                          pad_token_id=tokenizer.pad_token_id, temperature=temperature,
-                                          greedy=greedy, min_new_tokens=min_new_tokens), chunk_routes))  # (b, T)
+            out = sample_tokens(model, ids, pmask, max_new_tokens, eos_token_id=eos, top_k=top_k, top_p=top_p,
+                                pad_token_id=tokenizer.pad_token_id, temperature=temperature, greedy=greedy,
+                                min_new_tokens=min_new_tokens, return_kept=truncating)  # (b, T) (, (b, T, V))
+            chunks.append((*out[:2], chunk_routes, out[2] if truncating else None))
     T = max(c[0].shape[1] for c in chunks)  # the longest chunk; shorter ones are padded after their EOS
     completion_ids = torch.cat([F.pad(c[0], (0, T - c[0].shape[1]), value=tokenizer.pad_token_id) for c in chunks])
     sampler_logprobs = torch.cat([F.pad(c[1], (0, T - c[1].shape[1]), value=0.0) for c in chunks])  # (B, T)
+    kept = torch.cat([F.pad(c[3], (0, 0, 0, T - c[3].shape[1]), value=True) for c in chunks]) if truncating else None
     sampler_routes = None
     if record_sampler_routes:  # positions 0 .. P+t-2 were fed; repeat the last for positions P+t-1 .. P+T-1
         def widen(x):
@@ -471,7 +503,7 @@ def generate(model: torch.nn.Module, tokenizer, prompts: Sequence[str], group_si
         truncated=truncated, prompt_index=torch.arange(len(prompts), device=device).repeat_interleave(group_size),
         completions=tokenizer.batch_decode(completion_ids, skip_special_tokens=True), logprobs=logprobs,
         group_size=group_size, routes=routes, prompts=[p for p in prompts for _ in range(group_size)],
-        sampler_logprobs=sampler_logprobs, sampler_routes=sampler_routes,
+        sampler_logprobs=sampler_logprobs, sampler_routes=sampler_routes, kept=kept,
     )
 
 
@@ -491,6 +523,7 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         sampler_logprobs=None if rollout.sampler_logprobs is None else rollout.sampler_logprobs[rows],
         sampler_routes=None if rollout.sampler_routes is None else rollout.sampler_routes.select(rows),
         rewards_per_func=None if rollout.rewards_per_func is None else rollout.rewards_per_func[rows.cpu()],
+        kept=None if rollout.kept is None else rollout.kept[rows],
     )
 
 
@@ -518,6 +551,8 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     if all(r.sampler_logprobs is not None for r in rollouts):
         sampler = torch.cat([pad(r.sampler_logprobs, 0, T - r.completion_ids.shape[1], 0.0) for r in rollouts])
     routes, sampler_routes = _concat_routes(rollouts, "routes"), _concat_routes(rollouts, "sampler_routes")
+    kept = None if rollouts[0].kept is None else torch.cat(
+        [F.pad(r.kept, (0, 0, 0, T - r.kept.shape[1]), value=True) for r in rollouts])  # (B, T, V)
     offsets, out_index = 0, []
     for r in rollouts:  # prompt indices stay unique across rounds
         out_index.append(r.prompt_index - r.prompt_index.min() + offsets)
@@ -526,7 +561,7 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
                    group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
                    columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},
-                   sampler_logprobs=sampler, sampler_routes=sampler_routes,
+                   sampler_logprobs=sampler, sampler_routes=sampler_routes, kept=kept,
                    rewards_per_func=None if rollouts[0].rewards_per_func is None else torch.cat(
                        [r.rewards_per_func for r in rollouts]))
 

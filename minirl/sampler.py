@@ -6,12 +6,15 @@ reductions), and on a Mixture-of-Experts they can pick different experts for the
 with the trainer's own float32 model, so that gap is exactly zero and invisible. ``make_sampler`` builds the gap
 back in, with a dial:
 
-- ``dtype="bfloat16"``: the sampler is a bfloat16 copy of the policy (the commonest real mismatch);
+- ``dtype="bfloat16"``: the sampler is a bfloat16 copy of the policy (the commonest real mismatch); ``"float16"``
+  keeps three more mantissa bits (10 against 7) in a narrower range;
 - ``logit_noise``: Gaussian noise of that standard deviation (nats) on the sampler's final logits, fresh for every
   token, for a mismatch larger than bfloat16's;
 - ``router_noise``: the same on the sampler's MoE router logits, so its experts differ from the trainer's.
 
-The copy is synced with the trainer's weights after every update (``sync_sampler``), as engines reload weights.
+The copy is synced with the trainer's weights after every update (``sync_sampler``), as engines reload weights;
+an asynchronous engine reloads them only every k updates (``RLConfig.sampler_sync_every``: a stale sampler, which
+needs a copy even when nothing else differs, ``separate=True``).
 Everything the sampler reports (its log-probs, its routes) comes from its own forwards; pi_old is still the
 trainer's, recomputed (``rl.behaviour_logprobs``), unless the loop is told to trust the sampler (``pi_old="naive"``).
 """
@@ -24,7 +27,7 @@ import torch
 
 from .moe import routers
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def is_trainer(*, dtype: str = "float32", logit_noise: float = 0.0, router_noise: float = 0.0) -> bool:
@@ -33,32 +36,35 @@ def is_trainer(*, dtype: str = "float32", logit_noise: float = 0.0, router_noise
 
 
 def make_sampler(model: torch.nn.Module, *, dtype: str = "float32", logit_noise: float = 0.0,
-                 router_noise: float = 0.0, seed: int = 0) -> torch.nn.Module:
+                 router_noise: float = 0.0, seed: int = 0, separate: bool = False) -> torch.nn.Module:
     """The model that samples: ``model`` itself when nothing differs, else a frozen copy in ``dtype`` with noise.
 
     Args:
         model: the trainer's policy.
-        dtype: "float32" or "bfloat16", the sampler's weights and activations.
+        dtype: "float32", "bfloat16" or "float16", the sampler's weights and activations.
         logit_noise: standard deviation (nats, >= 0) of the noise added to every next-token logit the sampler
             computes.
         router_noise: standard deviation (>= 0) of the noise added to the sampler's router logits before its top-k
             (MoE models only).
         seed: seed of the noise (its own generator: the sampling's random numbers are not shifted by it).
+        separate: a copy even when nothing differs (a sampler that lags the trainer, synced every k updates).
 
     Returns:
-        ``model`` (dtype float32, no noise: the sampler is the trainer), or an eval-mode copy without gradients.
+        ``model`` (dtype float32, no noise, not separate: the sampler is the trainer), or an eval-mode copy
+        without gradients.
 
     Raises:
         ValueError: on an unknown dtype, negative noise, or router noise on a model without routers.
 
     Source: the sampler/trainer mismatch of Yao et al. 2025 ("Your efficient RL framework secretly brings you
-    off-policy RL training") and, for routing, Ma et al. 2025 (arXiv 2510.11370, section 3).
+    off-policy RL training") and, for routing, Ma et al. 2025 (arXiv 2510.11370, section 3); Qi et al. 2025
+    ("Defeating the training-inference mismatch via FP16", arXiv 2510.26788) for float16 against bfloat16.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if logit_noise < 0 or router_noise < 0:
         raise ValueError(f"logit_noise and router_noise must be >= 0, got {logit_noise} and {router_noise}")
-    if is_trainer(dtype=dtype, logit_noise=logit_noise, router_noise=router_noise):
+    if is_trainer(dtype=dtype, logit_noise=logit_noise, router_noise=router_noise) and not separate:
         return model
     sampler = copy.deepcopy(model).to(DTYPES[dtype]).eval().requires_grad_(False)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)

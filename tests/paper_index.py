@@ -41,6 +41,7 @@ PAPERS = [
     ("Ethayarajh et al. 2024 (KTO)", r"Ethayarajh"),
     ("Fedus et al. 2022 (Switch Transformer)", r"Fedus|Switch Transformer"),
     ("He et al. 2025 (Skywork-OR1, adaptive entropy control)", r"Skywork|2505\.22312"),
+    ("Hu et al. 2021 (LoRA)", r"Hu et al\. 2021|\bLoRA\b"),
     ("Hu et al. 2025 (REINFORCE++)", r"\bHu et al|REINFORCE\+\+"),
     ("Huang et al. 2022 (37 implementation details of PPO)", r"Huang et al"),
     ("Kim & Rush 2016 (sequence-level knowledge distillation)", r"Kim & Rush"),
@@ -75,6 +76,7 @@ PAPERS = [
     ("DeepSeek-AI 2025 (DeepSeek-V3.2: keep sampling mask, off-policy sequence masking, unbiased KL)",
      r"DeepSeek-V3\.2|2512\.02556"),
     ("Fu et al. 2025 (AReaL, decoupled PPO)", r"\bFu et al|2505\.24298"),
+    ("Qi et al. 2025 (Defeating the training-inference mismatch via FP16)", r"\bQi et al|2510\.26788"),
     ("Holtzman et al. 2020 (nucleus sampling, top-p)", r"Holtzman"),
 ]
 #: Engine source a docstring cites beside its papers (an entry like "TRL 1.16 ``GRPOTrainer._compute_loss``"): not a

@@ -25,7 +25,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXERCISE_DIR = ROOT / "notebooks" / "exercises"
 NOTEBOOKS = sorted(EXERCISE_DIR.glob("*.ipynb"))
 CHAPTERS = ["00_task_and_models", "01_ppo", "02_grpo", "03_kl_estimators", "04_dapo", "05_gspo_moe", "06_preference",
-            "08_sampler_mismatch"]  # 07 (TRL) has no exercise
+            "07_to_trl", "08_sampler_mismatch", "09_entropy", "10_distillation", "11_stale_samplers"]
+#: Lessons written in parallel with their exercises (issues 36-39): an exercise notebook may precede its lesson until
+#: those branches are merged. Empty this set once notebooks/09_entropy.ipynb .. 11_stale_samplers.ipynb are on main.
+LESSONS_IN_PROGRESS = {"09_entropy"}
 ASSIGNMENT = "minirl"
 
 
@@ -47,14 +50,15 @@ def _is_experiment(cell: dict) -> bool:
 
 def test_one_exercise_notebook_per_chapter():
     assert [p.stem for p in NOTEBOOKS] == CHAPTERS  # same names as the main notebooks, in reading order
-    assert all((ROOT / "notebooks" / f"{c}.ipynb").exists() for c in CHAPTERS)
+    missing = {c for c in CHAPTERS if not (ROOT / "notebooks" / f"{c}.ipynb").exists()}
+    assert missing <= LESSONS_IN_PROGRESS, f"exercise notebooks without their lesson: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_nbgrader_source_format(path):
     nb = _load(path)
     solutions, checks = _nbgrader_cells(nb, "solution"), _nbgrader_cells(nb, "grade")
-    assert 2 <= len(solutions) == len(checks) <= 6
+    assert 1 <= len(solutions) == len(checks) <= 7  # 07 has one exercise; 04 six and an experiment
     grade_ids = [c["metadata"]["nbgrader"]["grade_id"] for c in solutions + checks]
     assert len(grade_ids) == len(set(grade_ids))
     for c in solutions:
@@ -293,6 +297,38 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
     blank_ppo = (course / "feedback" / "blank" / ASSIGNMENT / "01_ppo.html").read_text()
     assert "gae: not implemented yet" in blank_ppo  # the checker's message stays, its traceback goes
     assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "01_ppo.html").read_text()
+
+
+@pytest.mark.slow
+def test_the_release_names_the_mistake_of_a_wrong_submission(monkeypatch):
+    """The round trip of issue 40's new exercises on the STORED release, as a student meets it: each release notebook
+    with a wrong submission (tests/exercise_mistakes_new.py, WRONG_SUBMISSIONS) in the solution cell, executed top to
+    bottom; its check cell fails with the hint that names the mistake (blank and solved: the nbgrader round trip)."""
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+    from exercise_mistakes_new import WRONG_SUBMISSIONS
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    by_notebook: dict[str, list[str]] = {}
+    for name in WRONG_SUBMISSIONS:
+        chapter = exercises.EXERCISES[name].chapter
+        by_notebook.setdefault(next(p.name for p in NOTEBOOKS if p.name.startswith(chapter)), []).append(name)
+    for notebook, names in by_notebook.items():
+        nb = nbformat.read(EXERCISE_DIR / "release" / notebook, as_version=4)
+        for cell in nb.cells:
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+            if grade_id.removesuffix("-solution") in names and grade_id.endswith("-solution"):
+                cell.source = WRONG_SUBMISSIONS[grade_id.removesuffix("-solution")][2].strip("\n")
+        nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+                                resources={"metadata": {"path": str(EXERCISE_DIR / "release")}}).execute()
+        for name in names:
+            check = next(c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") ==
+                         f"{name}-check")
+            errors = [f"{o.ename}: {o.evalue}" for o in check.outputs if o.output_type == "error"]
+            mistake, hint, _ = WRONG_SUBMISSIONS[name]
+            assert errors and errors[0].startswith(f"AssertionError: {name}: case "), (name, errors)
+            assert hint in errors[0], (name, mistake, errors[0])
 
 
 def test_experiment_check_reads_a_run_with_the_spreads_tolerance():

@@ -4,7 +4,8 @@ that calls the minirl function it reimplements, and rejects every named realisti
 Each wrong implementation below is a bug the field has made in public (token-mean vs sequence mean, ddof, eps inside
 the sqrt, k3 upside down, an old log-prob that is not detached, a mask from the pad id, k3 in the reward, GSPO's
 sequence term broadcast over tokens, GAE reading the value of padding, clip without eps_high, ...). The hand
-arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch06.py.
+arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch11.py; the mistakes of
+the exercises issue 40 added (04's gmpo_loss, 07, 09, 10, 11) are in tests/exercise_mistakes_new.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,24 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from exercise_mistakes_new import MINIRL as MINIRL_NEW
+from exercise_mistakes_new import MISTAKES as MISTAKES_NEW
 
-from minirl import advantages, checks, exercises, importance, kl, losses, preference, rewards, rollout, sampling
+from minirl import (
+    advantages,
+    checks,
+    distill,
+    entropy,
+    exercises,
+    importance,
+    kl,
+    losses,
+    preference,
+    rewards,
+    rollout,
+    sampling,
+    stale,
+)
 from minirl.exercises import _reference
 
 
@@ -128,6 +145,7 @@ MINIRL = {
     "cispo_loss": minirl_cispo,
     "sapo_loss": minirl_sapo,
     "seq_is_weight": minirl_seq_is_weight,
+    **MINIRL_NEW,  # 04's gmpo_loss, 07, 09, 10, 11 (tests/exercise_mistakes_new.py)
 }
 
 
@@ -935,6 +953,7 @@ MISTAKES = [
     ("align_sampler_routes", "tokens read as (L, B)", routes_rows_as_length_first, "row by row"),
     ("align_sampler_routes", "float indices", routes_as_float, "integers (torch.long)"),
     ("align_sampler_routes", "one tensor per step, not per layer", routes_per_step, "tensor per LAYER"),
+    *MISTAKES_NEW,  # 04's gmpo_loss, 07, 09, 10, 11 (tests/exercise_mistakes_new.py)
 ]
 
 
@@ -943,11 +962,13 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """At least 15 exercises over 8 chapters (07 has none), 2-5 per chapter; every exercise has a reference here."""
+    """Every chapter 00-11 has exercises (07, the bridge to TRL, one; the others 2-6); every exercise has a
+    reference solution in a notebook here."""
     names = exercises.list_exercises()
-    assert len(names) >= 15
-    for chapter in ("00", "01", "02", "03", "04", "05", "06", "08"):
-        assert 2 <= len(exercises.list_exercises(chapter)) <= 5, chapter
+    assert len(names) >= 33
+    assert len(exercises.list_exercises("07")) >= 1
+    for chapter in ("00", "01", "02", "03", "04", "05", "06", "08", "09", "10", "11"):
+        assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)
 
 
@@ -1098,6 +1119,51 @@ def test_the_checkers_new_loss_and_weight_copies_agree_with_minirl():
     for form in ("product", "geomean"):
         close(R.seq_is_weight(lp, old, mask, cap=1.5, form=form), minirl_seq_is_weight(lp, old, mask, cap=1.5,
                                                                                        form=form))
+
+
+def test_the_checkers_copies_for_chapters_04_07_09_10_11_agree_with_minirl():
+    """The references of issue 40's exercises (gmpo_loss, ratio_weighted_k3, token_covariance, pass_at_k,
+    reverse_kl_reward, full_reverse_kl, decoupled_ppo_terms, off_policy_sequence_mask) equal minirl's functions,
+    value and gradient, on random inputs with padding and an empty row."""
+    g = torch.Generator().manual_seed(2)
+    mask = (torch.arange(6) < torch.tensor([6, 2, 0, 4]).unsqueeze(1)).float()
+    lp = (-torch.rand(4, 6, generator=g) * 3).double().requires_grad_(True)
+    old, ref, mu = (lp.detach() + 0.5 * torch.randn(4, 6, generator=g, dtype=torch.float64) for _ in range(3))
+    adv = torch.randn(4, generator=g, dtype=torch.float64)
+    mask = mask.double()
+
+    def same(a, b):  # value and gradient w.r.t. lp
+        torch.testing.assert_close(a, b)
+        if a.requires_grad or b.requires_grad:
+            w = torch.rand(a.shape, generator=g, dtype=torch.float64)
+            torch.testing.assert_close(torch.autograd.grad((a * w).sum(), lp)[0],
+                                       torch.autograd.grad((b * w).sum(), lp)[0])
+
+    same(R.gmpo_loss(lp, old, adv, mask, eps_low=0.3, eps_high=0.2),
+         losses.gmpo_loss(lp, old, adv, mask, eps_low=0.3, eps_high=0.2)[0])
+    same(R.ratio_weighted_k3(lp, old, ref, mask), kl.ratio_weighted_k3(lp, old, ref, mask=mask))
+    same(R.token_covariance(lp, adv, mask), entropy.token_covariance(lp, adv, mask))
+    same(R.reverse_kl_reward(lp, ref, mask), distill.reverse_kl_reward(lp, ref, mask))
+    for cap in (None, 1.5):
+        same(R.decoupled_ppo_terms(lp, old, mu, adv, mask, eps_low=0.2, eps_high=0.28, weight_cap=cap),
+             stale.decoupled_ppo_terms(lp, old, mu, adv, mask, eps_low=0.2, eps_high=0.28, weight_cap=cap))
+    for threshold in (0.0, 0.2, 0.5):
+        same(R.off_policy_sequence_mask(lp, mu, adv, mask, threshold=threshold),
+             stale.off_policy_sequence_mask(lp, mu, adv, mask, threshold=threshold))
+    logits = torch.randn(3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    teacher, m3 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64), mask[[0, 1, 2], :4]
+    for temperature in (1.0, 0.7):
+        a = R.full_reverse_kl(logits, teacher, m3, temperature=temperature)
+        b = distill.full_reverse_kl(logits, teacher, m3, temperature=temperature)
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(torch.autograd.grad(a.sum(), logits)[0], torch.autograd.grad(b.sum(), logits)[0])
+    n, c = torch.randint(5, 60, (20,), generator=g), torch.randint(0, 60, (20,), generator=g)
+    c = torch.minimum(c, n)
+    for k in (1, 3, 5):
+        torch.testing.assert_close(R.pass_at_k(n, c, k), entropy.pass_at_k(n, c, k))
+    n_big = torch.tensor([3000, 3000])
+    torch.testing.assert_close(R.pass_at_k(n_big, torch.tensor([2, 5]), 400),
+                               entropy.pass_at_k(n_big, torch.tensor([2, 5]), 400))
 
 
 def test_the_checkers_route_alignment_copy_agrees_with_minirls_rollout():

@@ -586,7 +586,9 @@ _UNPINNED_BY_REASON = {  # reason: the fields, space-separated
         "prediction_loss_only eval_on_start eval_do_concat_batches eval_use_gather_object eval_accumulation_steps "
         "include_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval do_eval do_predict",
     "conversational prompts / tools, out of scope": "chat_template_kwargs max_tool_calling_iterations",
-    "model loading: the caller passes the model": "model_init_kwargs trust_remote_code",
+    "model loading: the caller passes the model": "trust_remote_code",
+    "deprecated aliases of activation_checkpointing(_kwargs), which trl_kwargs sets": "gradient_checkpointing "
+        "gradient_checkpointing_kwargs",
     "logging": "log_completions log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo "
         "logging_strategy logging_steps logging_first_step log_on_each_node logging_nan_inf_filter "
         "include_num_input_tokens_seen log_level log_level_replica disable_tqdm report_to run_name project "
@@ -598,8 +600,7 @@ _UNPINNED_BY_REASON = {  # reason: the fields, space-separated
     "devices and sharding: the caller's hardware, not the objective": "use_cpu accelerator_config "
         "parallelism_config fsdp fsdp_config deepspeed ddp_find_unused_parameters ddp_bucket_cap_mb "
         "ddp_broadcast_buffers ddp_static_graph ddp_backend ddp_timeout local_rank tf32",
-    "memory / speed (same objective)": "activation_checkpointing activation_checkpointing_kwargs "
-        "gradient_checkpointing gradient_checkpointing_kwargs torch_compile torch_compile_backend torch_compile_mode "
+    "memory / speed (same objective)": "torch_compile torch_compile_backend torch_compile_mode "
         "torch_empty_cache_steps optim_target_modules liger_kernel_config full_determinism",
     "data loading mechanics": "dataloader_num_workers dataloader_pin_memory dataloader_persistent_workers "
         "dataloader_prefetch_factor dataloader_multiprocessing_context dataloader_in_order label_names "
@@ -661,6 +662,12 @@ VERL_091_KEYS = {
     "+reward.reward_kwargs.overlong_buffer_cfg.enable", "+reward.reward_kwargs.overlong_buffer_cfg.len",
     "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor", "+reward.reward_kwargs.max_resp_len",
     "actor_rollout_ref.actor.tau_pos", "actor_rollout_ref.actor.tau_neg",
+    # precision and checkpointing (interop.real_model, stated for every preset): verl/workers/config/engine.py's
+    # FSDPEngineConfig.model_dtype and mixed_precision (a dict the yaml leaves out, hence "+")
+    "actor_rollout_ref.actor.fsdp_config.model_dtype", "actor_rollout_ref.ref.fsdp_config.model_dtype",
+    "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype",
+    "+actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
 }
 
 

@@ -45,6 +45,8 @@ ALLOWED = {
     "07_to_trl": [],
     "08_sampler_mismatch": [],
     "09_entropy": [],
+    "10_distillation": [],
+    "11_stale_samplers": [],
 }
 
 # A figure: a number with a decimal point (0.358, 2.79, .5, 1.5e-3) or a percentage (27%, 1.9%), signs dropped.

@@ -75,7 +75,7 @@ def test_logit_noise_has_the_standard_deviation_asked_for(tok):
 def test_make_sampler_bad_input(tok):
     model = small_dense(tok)
     with pytest.raises(ValueError, match="dtype"):
-        make_sampler(model, dtype="float16")
+        make_sampler(model, dtype="float8")
     with pytest.raises(ValueError, match=">= 0"):
         make_sampler(model, logit_noise=-1.0)
     with pytest.raises(ValueError, match="router"):

@@ -234,7 +234,8 @@ def _fmt(t: Tensor) -> str:
     """A short rendering of a small tensor for a failure message (rounded; shape only when large)."""
     if t.numel() > 12:
         return f"a tensor of shape {tuple(t.shape)}"
-    return str([round(v, 6) for v in t.double().flatten().tolist()]).replace("[", "(").replace("]", ")")
+    values = [round(v, 6) + 0.0 for v in t.double().flatten().tolist()]  # + 0.0: -0.0 prints as 0.0
+    return str(values).replace("[", "(").replace("]", ")")
 
 
 def _as_tensor(x, what: str) -> Tensor:

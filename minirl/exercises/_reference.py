@@ -212,3 +212,74 @@ def align_sampler_routes(step_indices, batch_size):
         routes = torch.cat(steps, dim=1)  # (B, P + T - 1, k): the positions the decode loop fed
         layers.append(torch.cat([routes, routes[:, -1:]], dim=1))  # the last sampled token was never fed
     return layers
+
+
+def gmpo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.4, eps_high=0.4):
+    m = mask.to(logprobs.dtype)
+    log_r = torch.where(m > 0, logprobs - old_logprobs.detach(), 0.0)
+    clipped = log_r.clamp(-eps_low, eps_high)
+    a = advantages.unsqueeze(1)
+    pessimistic = torch.where(a > 0, torch.minimum(log_r, clipped), torch.maximum(log_r, clipped))  # by A's sign
+    n = m.sum(-1)
+    weight = exp_lin(torch.where(m > 0, pessimistic, 0.0).sum(-1) / n.clamp(min=1))  # geometric mean of the ratios
+    valid = n > 0
+    return (-advantages * weight * valid).sum() / valid.sum().clamp(min=1)
+
+
+def ratio_weighted_k3(logprobs, old_logprobs, ref_logprobs, mask):
+    m = mask > 0
+    lp = torch.where(m, logprobs, 0.0)
+    ratio = exp_lin(lp - torch.where(m, old_logprobs.detach(), 0.0))  # differentiated, 1 in padding
+    return torch.where(m, ratio * k3(lp, torch.where(m, ref_logprobs.detach(), lp.detach())), 0.0)
+
+
+def token_covariance(logprobs, advantages, mask):
+    m = mask > 0
+    lp = logprobs.detach()
+    a = advantages.detach().to(lp.dtype).unsqueeze(1).expand_as(lp)
+    n = m.sum().clamp(min=1)
+    lp_mean, a_mean = torch.where(m, lp, 0.0).sum() / n, torch.where(m, a, 0.0).sum() / n  # over the valid tokens
+    return torch.where(m, (lp - lp_mean) * (a - a_mean), 0.0)
+
+
+def pass_at_k(num_samples, num_correct, k):
+    if k > int(num_samples.min()):
+        raise ValueError(f"k = {k} exceeds the number of samples")
+    out = []
+    for n, c in zip(num_samples.tolist(), num_correct.tolist(), strict=True):
+        out.append(1.0 - math.comb(n - c, k) / math.comb(n, k))  # exact integers, then one division
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def reverse_kl_reward(logprobs, teacher_logprobs, mask):
+    return torch.where(mask > 0, teacher_logprobs.detach() - logprobs.detach(), 0.0)
+
+
+def full_reverse_kl(logits, teacher_logits, mask, *, temperature=1.0):
+    keep = mask[..., None] > 0
+    log_p = (torch.where(keep, logits, 0.0) / temperature).log_softmax(-1)
+    log_q = (torch.where(keep, teacher_logits.detach(), 0.0) / temperature).log_softmax(-1)
+    p = log_p.exp()
+    kl = (p * torch.where(p > 0, log_p - log_q, 0.0)).sum(-1)  # 0 log 0 = 0
+    return torch.where(mask > 0, kl, 0.0)
+
+
+def decoupled_ppo_terms(logprobs, prox_logprobs, behaviour_logprobs, advantages, mask, *, eps_low=0.2,
+                        eps_high=None, weight_cap=None):
+    eps_high = eps_low if eps_high is None else eps_high
+    m = mask > 0
+    log_w = torch.where(m, prox_logprobs.detach() - behaviour_logprobs.detach(), 0.0)
+    weight = exp_lin(log_w)  # pi_prox / mu, a constant
+    if weight_cap is not None:
+        weight = torch.where(log_w <= math.log(weight_cap), weight, 0.0)  # masked above the cap (AReaL)
+    ratio = exp_lin(torch.where(m, logprobs - prox_logprobs.detach(), 0.0))  # the trust region: around pi_prox
+    a = torch.where(m, advantages.detach().unsqueeze(1), 0.0)
+    surrogate = torch.maximum(-a * ratio, -a * ratio.clamp(1 - eps_low, 1 + eps_high))
+    return torch.where(m, weight * surrogate, 0.0)
+
+
+def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, threshold):
+    m = mask > 0
+    log_r = torch.where(m, sampler_logprobs.detach() - logprobs.detach(), 0.0)  # log mu - log pi
+    mean_log_r = log_r.sum(-1) / m.sum(-1).clamp(min=1)
+    return ((advantages >= 0) | (mean_log_r <= threshold)).to(logprobs.dtype)

@@ -1,9 +1,11 @@
-"""Exercises of chapter 04: DAPO, and the losses that keep the gradient PPO's clip removes (CISPO, SAPO).
+"""Exercises of chapter 04: DAPO, and the losses that keep the gradient PPO's clip removes (CISPO, SAPO, GMPO).
 
 Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
 (``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -366,3 +368,110 @@ def _(fn, gen):
     _expect_finite(loss, lp, "the loss")
     # the gate saturates at 4 / tau = 4 on the first token, 2 on the second: (-4 - 2) / 2
     _expect(loss, -3.0, what="the loss")
+
+
+# --------------------------------------------------------------------------------------------------- gmpo_loss
+
+ex = _exercise("gmpo_loss", "04", "gmpo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.4, eps_high=0.4) "
+               "-> loss (mean over sequences; advantages (B,))", "minirl.losses.gmpo_loss",
+               ("minirl.losses.gmpo_loss", "minirl.losses.policy_loss"))
+GMPO_SIDE = ("for A < 0 the pessimistic side is the LARGER log-ratio, max(l, clip(l)), not min: the sign error of a "
+             "min / max clip for negative advantages (PPO takes the max of -A r and -A clip(r); in log space that is "
+             "min for A > 0 and max for A < 0)")
+GMPO_CLIP_ONLY = ("this is clip(l) alone: GMPO keeps the unclipped log-ratio on the side the advantage does not push "
+                  "(min(l, clip(l)) for A > 0, max for A < 0), so a token that moved the wrong way keeps its gradient")
+GMPO_MIRROR = ("for A > 0 the pessimistic side is the SMALLER log-ratio, min(l, clip(l)): max is the optimistic "
+               "branch")
+GMPO_RATIO_SPACE = ("GMPO clips the LOG-ratio to [-eps_low, eps_high] (the ratio to [e^-eps_low, e^eps_high]), not "
+                    "the ratio to [1 - eps_low, 1 + eps_high]")
+GMPO_ARITH = ("the sequence's weight is the GEOMETRIC mean of its (clipped) token ratios, exp of the mean log-ratio; "
+              "the arithmetic mean is GRPO's token average, which one outlier token dominates")
+GMPO_PAD = ("the mean log-ratio is over the row's valid tokens: padding holds garbage, and dividing by the padded "
+            "length T shrinks short rows' weights towards 1")
+GMPO_MIN_OR_CLIP = ("for A < 0 the pessimistic side is max(l, clip(l)): this took the min (the A > 0 rule: the sign "
+                    "error of a min / max clip for negative advantages) or clip(l) alone (which drops the unclipped "
+                    "log-ratio on the side the advantage does not push)")
+GMPO_EMPTY = "a row with no valid token is left out of the mean over sequences (and gives no NaN)"
+
+
+def _gmpo(fn, lp, old, adv, mask, **settings):
+    return _loss(fn(lp, old, adv, mask, **settings))
+
+
+@_case(ex, "the paper's bounds (0.4 / 0.4), A = +1 and A = -1, by hand", GMPO_SIDE)
+def _(fn, gen):
+    for a, want, grad, wrong in (
+            # l = (0.6, 0): A > 0 takes min(l, clip(l)) = (0.4, 0): weight e^0.2 = 1.221403, loss -1.221403,
+            # gradient (0, -1.221403 / 2); max instead (the optimistic side): e^0.3, -1.349859
+            # ratio-space clip of e^0.6 to 1.4: exp(ln(1.4) / 2) = 1.183216; arithmetic mean (e^0.4 + 1) / 2 = 1.245912
+            (1.0, -1.221403, [[0.0, -0.610701]], [(-1.349859, GMPO_MIRROR), (-1.183216, GMPO_RATIO_SPACE),
+                                                   (-1.245912, GMPO_ARITH)]),
+            # A < 0 takes max(l, clip(l)) = (0.6, 0): weight e^0.3 = 1.349859, loss 1.349859, gradient
+            # (0.674929, 0.674929); min (the A > 0 rule, or clip alone): e^0.2, 1.221403
+            (-1.0, 1.349859, [[0.674929, 0.674929]], [(1.221403, GMPO_MIN_OR_CLIP)])):
+        lp = _leaf([[-0.4, -1.0]])
+        loss = _gmpo(fn, lp, _t([[-1.0, -1.0]]), _t([a]), _t([[1, 1]]), eps_low=0.4, eps_high=0.4)
+        _expect(loss, want, wrong, what=f"the loss with A = {a:+.0f}")
+        _expect(_grad(loss, lp), grad, what=f"the gradient with A = {a:+.0f}")
+
+
+@_case(ex, "A > 0, one token above the band and one below it", GMPO_CLIP_ONLY)
+def _(fn, gen):
+    lp = _leaf([[-0.4, -1.6]])
+    loss = _gmpo(fn, lp, _t([[-1.0, -1.0]]), _t([1.0]), _t([[1, 1]]), eps_low=0.4, eps_high=0.4)
+    # l = (0.6, -0.6): min(l, clip(l)) = (0.4, -0.6), mean -0.1: loss -e^-0.1 = -0.904837, gradient (0, -0.452419)
+    # clip alone (0.4, -0.4): -1.0; max (0.6, -0.4): -e^0.1 = -1.105171
+    _expect(loss, -0.904837, [(-1.0, GMPO_CLIP_ONLY), (-1.105171, GMPO_MIRROR)], what="the loss")
+    _expect(_grad(loss, lp), [[0.0, -0.452419]], what="the gradient")
+
+
+@_case(ex, "A < 0, one token above the band and one below it", GMPO_SIDE)
+def _(fn, gen):
+    lp = _leaf([[-0.4, -1.6]])
+    loss = _gmpo(fn, lp, _t([[-1.0, -1.0]]), _t([-1.0]), _t([[1, 1]]), eps_low=0.4, eps_high=0.4)
+    # l = (0.6, -0.6): max(l, clip(l)) = (0.6, -0.4), mean 0.1: loss e^0.1 = 1.105171, gradient (0.552585, 0)
+    # min, the A > 0 rule (the sign error): (0.4, -0.6), e^-0.1 = 0.904837; clip alone (0.4, -0.4): 1.0
+    _expect(loss, 1.105171, [(0.904837, GMPO_SIDE), (1.0, GMPO_CLIP_ONLY)], what="the loss")
+    _expect(_grad(loss, lp), [[0.552585, 0.0]], what="the gradient")
+
+
+@_case(ex, "the defaults: eps_low 0.4, eps_high 0.4", "GMPO's default log-ratio bounds are 0.4 on both sides")
+def _(fn, gen):
+    loss = _gmpo(fn, _t([[-0.5, -1.2]]), _t([[-1.0, -1.0]]), _t([1.0]), _t([[1, 1]]))
+    # l = (0.5, -0.2): min(l, clip(l, -0.4, 0.4)) = (0.4, -0.2), mean 0.1: -e^0.1 = -1.105171; at 0.2 / 0.2: -1.0
+    _expect(loss, -1.105171, [(-1.0, "GMPO's default log-ratio bounds are 0.4 / 0.4 (the paper's), not PPO's 0.2")],
+            what="the loss")
+
+
+@_case(ex, "rows of different lengths, garbage in padding, an empty row", GMPO_PAD)
+def _(fn, gen):
+    lp = _t([[-0.9, -1.1, 40.0], [-0.8, 7.0, 7.0], [3.0, 3.0, 3.0]])
+    old = _t([[-1.0, -1.0, 0.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    loss = _gmpo(fn, lp, old, _t([1.0, 2.0, 5.0]), _t([[1, 1, 0], [1, 0, 0], [0, 0, 0]]))
+    # row 0: l = (0.1, -0.1), mean 0: weight 1, term -1; row 1: l = 0.2: weight e^0.2, term -2.442806;
+    # the empty row is left out: (-1 - 2.442806) / 2 = -1.721403. Mean over T = 3: row 1 -2 e^(0.2 / 3), -1.568939;
+    # the empty row counted, weight e^0 = 1 (term -5, 3 rows): -2.814269, or term 0: -1.147602
+    _expect(loss, -1.721403, [(-(1 + 2 * math.exp(0.2 / 3)) / 2, GMPO_PAD), (-2.814269, GMPO_EMPTY),
+                              (-1.147602, GMPO_EMPTY)], what="the loss")
+
+
+@_case(ex, "old_logprobs is the same tensor as logprobs", OLD_DETACHED)
+def _(fn, gen):
+    lp = _leaf([[-1.0, -2.0]])
+    loss = _gmpo(fn, lp, lp, _t([1.0]), _t([[1, 1]]))
+    # on-policy: d(-A exp(mean l)) / d lp_t = -A / 2 tokens
+    _expect(_grad(loss, lp, no_grad_hint=OLD_DETACHED), [[-0.5, -0.5]], [([[0.0, 0.0]], OLD_DETACHED)],
+            what="the gradient")
+
+
+@_case(ex, "random ratios on both sides of both bounds, against the definition", GMPO_SIDE)
+def _(fn, gen):
+    mask = _prefix_mask([6, 2, 5, 0, 3], 6)
+    lp = (-torch.rand(5, 6, generator=gen) * 2).requires_grad_(True)
+    old = lp.detach() + 0.5 * torch.randn(5, 6, generator=gen)
+    adv = torch.tensor([1.0, -1.0, -0.5, 2.0, 0.7]) * (1 + torch.rand(5, generator=gen))
+    eps_low, eps_high = (0.1 + 0.4 * torch.rand(2, generator=gen)).tolist()
+    want = ref.gmpo_loss(lp, old, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    loss = _gmpo(fn, lp, old, adv, mask, eps_low=eps_low, eps_high=eps_high)
+    _expect(loss, want.detach(), what="the loss")
+    _expect(_grad(loss, lp), torch.autograd.grad(want, lp)[0], what="the gradient")

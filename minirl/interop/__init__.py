@@ -1,8 +1,10 @@
 """The bridge to the engines: a minirl config -> TRL's config object, or verl's command-line overrides.
 
 One module per engine: ``trl`` (``trl_kwargs``, ``to_trl``, and the RLOO and preference trainers), ``verl``
-(``verl_overrides``, ``to_verl``); ``table`` prints each preset in both (``python -m minirl.interop``); ``_common``
-holds the checks both bridges share. Every name is re-exported here, so ``interop.to_trl(cfg)`` is the way in.
+(``verl_overrides``, ``to_verl``); ``real_model`` maps the real-model settings (precision, checkpointing, batch
+sizes, LoRA as TRL's ``peft_config``, GDPO, TensorBoard) for both; ``table`` prints each preset in both
+(``python -m minirl.interop``); ``_common`` holds the checks both bridges share. Every name is re-exported here,
+so ``interop.to_trl(cfg)`` is the way in.
 
 A reader who has understood an algorithm here and wants to train a real model on several GPUs moves to TRL
 (accelerate / DeepSpeed / FSDP, vLLM generation) or verl (Ray, FSDP / Megatron). ``to_trl`` and ``to_verl`` say,
@@ -48,8 +50,8 @@ from .trl import (
     trl_kwargs,
     trl_reward_funcs,
 )
-from .verl import VERL_VERSION, to_verl, verl_overrides
+from .verl import VERL_VERSION, distill_verl_overrides, to_verl, verl_overrides
 
 __all__ = ["DROPPABLE", "TRL_VERSION", "VERL_VERSION", "describe_trl", "describe_verl", "distill_trl_kwargs",
            "engine_equivalents", "pref_trl_kwargs", "rloo_trl_kwargs", "to_trl", "to_verl", "trl_kwargs",
-           "trl_reward_funcs", "verl_overrides"]
+           "trl_reward_funcs", "verl_overrides", "distill_verl_overrides"]

@@ -12,11 +12,19 @@ def _missing(switch: str, why: str, hint: str = "") -> NotImplementedError:
 
 
 def _simulated_sampler(cfg: RLConfig) -> None:
-    """minirl's sampler dials simulate an inference engine; an engine's sampler is a real one (vLLM, SGLang)."""
+    """minirl's sampler dials simulate an inference engine; an engine's sampler is a real one (vLLM, SGLang). The
+    same for a simulated lag (sampler_sync_every); and no engine keeps the sampling mask (keep_sampling_mask)."""
     if cfg.sampler_dtype != "float32" or cfg.sampler_logit_noise or cfg.sampler_router_noise:
         raise _missing("sampler_dtype / sampler_logit_noise / sampler_router_noise",
                        "they simulate an inference engine's mismatch; in an engine the sampler is the engine itself",
                        "keep the importance correction (is_correction) and drop the dials")
+    if cfg.sampler_sync_every > 1:
+        raise _missing(f"sampler_sync_every={cfg.sampler_sync_every}", "it simulates an asynchronous engine's "
+                       "staleness; an engine's lag is its own scheduling (TRL's asynchronous GRPO, verl's fully "
+                       "async trainer)", "keep the correction (is_correction, off_policy_mask_threshold)")
+    if cfg.keep_sampling_mask:
+        raise _missing("keep_sampling_mask", "TRL 1.16 and verl 0.9.1 score the full vocabulary: neither "
+                       "renormalises the trainer's log-probs over the sampler's top-k / top-p set")
 
 
 def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..config import RLConfig
 from ..preference_loop import PrefConfig
+from . import real_model
 from ._common import _layout, _missing, _simulated_sampler
 
 #: The TRL version the mapping and the equivalence tests were checked against (pyproject's [trl] extra bounds it).
@@ -65,7 +66,10 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     Switch by switch: group_size -> num_generations; eps_low / eps_high -> epsilon / epsilon_high; dual_clip c ->
     delta = c (TRL's two-sided clip caps the ratio at delta, which for c > 1 + eps_high is exactly dual-clip PPO);
     adv_scale -> scale_rewards; agg -> loss_type (``_TRL_LOSS_TYPE``); level "sequence" -> importance_sampling_level
-    "sequence"; beta -> beta (k3 in the loss, ``use_bias_correction_kl=False``); overlong_filter ->
+    "sequence"; beta -> beta (k3 in the loss); kl_ratio_weighted -> use_bias_correction_kl (TRL's default True,
+    minirl's False: GRPO's plain k3); off_policy_mask_threshold -> the same (DeepSeek-V3.2's sequence mask; TRL's
+    mask reads the vLLM sampler's log-probs, else its pi_old); top_k / top_p -> the same (TRL's trainer scores
+    the full vocabulary: keep_sampling_mask is refused); overlong_filter ->
     mask_truncated_completions; router_aux_loss_coef -> router_aux_loss_coef (the MoE load-balancing loss, 0 by
     default: TRL's own default None would take the model config's 0.001; TRL then asks the model for its router
     logits, whose ``aux_loss`` is ``moe.load_balancing_loss`` over the prompt and completion tokens, averaged
@@ -74,8 +78,11 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     optimiser steps (steps_per_generation = num_minibatches x accumulation, per_device_train_batch_size = the
     micro-batch / num_processes: per_device_train_batch_size x num_processes x steps_per_generation is one rollout),
     repeated num_iterations times; max_steps counts optimiser steps. The lr is constant (TRL's default schedule
-    decays linearly), the optimiser plain torch AdamW, the weights float32 (bf16=False: TRL's default is bf16; pass
-    bf16=True to ``to_trl`` for a real run on GPUs).
+    decays linearly), the optimiser plain torch AdamW. The real-model settings (``interop.real_model``): precision ->
+    bf16 and model_init_kwargs' dtype (TRL's default is bf16=True: "fp32" states False), gradient_checkpointing (TRL's
+    default True: stated), multi_objective_aggregation (GDPO) as it is; LoRA is GRPOTrainer's peft_config
+    (``real_model.trl_peft_config``); generation_batch_size and logprob_batch_size have no TRL setting
+    (``real_model.NOT_MAPPED``: memory only).
 
     loss_mode "cispo" -> loss_type "cispo" with epsilon_high = 1 + eps_high (TRL's cap is absolute; one-sided form
     and token-mean only); "sapo" -> loss_type "sapo" with sapo_temperature_pos / _neg = tau_pos / tau_neg
@@ -173,8 +180,10 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
         # the algorithm
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
-        beta=cfg.beta, use_bias_correction_kl=False, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg), **_trl_entropy(cfg)})
+        beta=cfg.beta, use_bias_correction_kl=cfg.kl_ratio_weighted, mask_truncated_completions=cfg.overlong_filter,
+        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg), **real_model.trl_grpo_settings(cfg),
+                                              "off_policy_mask_threshold": cfg.off_policy_mask_threshold,
+                                              **_trl_entropy(cfg)})
 
 
 def _trl_entropy(cfg: RLConfig) -> dict:
@@ -226,7 +235,7 @@ def _trl_common(cfg: RLConfig, num_processes: int = 1) -> dict:
     return dict(
         # sampling
         num_generations=cfg.group_size, max_completion_length=cfg.max_new_tokens, temperature=cfg.temperature,
-        top_k=0, top_p=1.0,
+        top_k=cfg.top_k, top_p=cfg.top_p,
         # batch layout: one rollout = steps_per_generation forwards of per_device_train_batch_size rows per device
         per_device_train_batch_size=lay["per_device"], gradient_accumulation_steps=lay["accumulation"],
         steps_per_generation=cfg.num_minibatches * lay["accumulation"], num_iterations=cfg.num_iterations,
@@ -236,7 +245,7 @@ def _trl_common(cfg: RLConfig, num_processes: int = 1) -> dict:
         # the MoE load-balancing loss, stated even when off: TRL's None takes the model config's (0.001 here)
         router_aux_loss_coef=cfg.router_aux_loss_coef,
         lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch", seed=cfg.seed,
-        bf16=False,  # float32, as minirl; a real run on GPUs passes bf16=True
+        **real_model.trl_settings(cfg),  # precision (bf16, the dtype a named model loads in), checkpointing
     )
 
 
@@ -269,9 +278,12 @@ def rloo_trl_kwargs(cfg: RLConfig, *, num_processes: int = 1) -> dict:
     if cfg.beta > 0:
         raise _missing(f"beta={cfg.beta}", "RLOOTrainer puts beta * sum_t k1 in the reward; minirl's rloo takes "
                        "the KL in the loss only")
-    for switch in ("dual_clip", "adaptive_kl", "routing_replay", "dynamic_sampling", "overlong_shaping"):
+    for switch in ("dual_clip", "adaptive_kl", "routing_replay", "dynamic_sampling", "overlong_shaping",
+                   "keep_sampling_mask"):
         if getattr(cfg, switch):
             raise _missing(switch, "not an RLOOTrainer option")
+    if cfg.off_policy_mask_threshold is not None or cfg.sampler_sync_every > 1:
+        raise _missing("off_policy_mask_threshold / sampler_sync_every", "not RLOOTrainer options")
     return dict(epsilon=cfg.eps_low, epsilon_high=cfg.eps_high, beta=0.0, normalize_advantages=False,
                 mask_truncated_completions=cfg.overlong_filter, **_trl_common(cfg, num_processes),
                 **{k: v for k, v in _TRL_FIXED.items() if k not in _GRPO_ONLY})

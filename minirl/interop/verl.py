@@ -7,6 +7,7 @@ of the 0.9.1 release on PyPI (tests/test_interop.py holds the names, copied from
 from __future__ import annotations
 
 from ..config import RLConfig
+from . import real_model
 from ._common import _layout, _missing, _simulated_sampler
 
 #: The verl tag whose option names ``to_verl`` writes.
@@ -44,7 +45,8 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
             places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
             the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
-            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low.
+            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low, GDPO's normalize_then_sum
+            (``real_model.verl_settings``, which maps precision, checkpointing, batch sizes, LoRA and TensorBoard).
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included).
 
     Source: verl 0.9.1 ``verl/trainer/config/_generated_ppo_trainer.yaml``, ``algorithm.py`` (FilterGroupsConfig),
@@ -53,6 +55,11 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     """
     cfg.validate()
     _simulated_sampler(cfg)
+    if cfg.off_policy_mask_threshold is not None:  # verl's rejection masks both signs, on pi_old / mu, not pi / mu
+        raise _missing("off_policy_mask_threshold", "verl 0.9.1's nearest, algorithm.rollout_correction.rollout_rs="
+                       "seq_mean_k1, masks sequences of either advantage sign by mean log(pi_old / mu)")
+    if cfg.kl_ratio_weighted:
+        raise _missing("kl_ratio_weighted", "verl 0.9.1's kl loss (use_kl_loss) is not weighted by pi / pi_old")
     if cfg.routing_replay:
         raise _missing("routing_replay", f"verl 0.9.1 names it actor_rollout_ref.actor.megatron.router_replay.mode="
                        f"{'R3' if cfg.replay_source == 'sampler' else 'R2'} (Megatron and VeOmni engines only), "
@@ -84,8 +91,9 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         out += [f"algorithm.gamma={cfg.gamma}", f"algorithm.lam={cfg.lam}", f"critic.optim.lr={cfg.value_lr}",
                 f"critic.cliprange_value={cfg.value_clip if cfg.value_clip is not None else 1e9}"]
     out += [f"data.train_batch_size={cfg.prompts_per_step}", f"{r}.n={cfg.group_size}",
-            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}", f"{r}.top_k=-1",
-            f"{r}.top_p=1.0", f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
+            f"data.max_response_length={cfg.max_new_tokens}", f"{r}.temperature={cfg.temperature}",
+            f"{r}.top_k={cfg.top_k or -1}", f"{r}.top_p={cfg.top_p}",
+            f"{a}.ppo_mini_batch_size={cfg.prompts_per_step // cfg.num_minibatches}",
             f"{a}.ppo_micro_batch_size_per_gpu={lay['per_device']}", f"trainer.n_gpus_per_node={num_processes}",
             f"{a}.ppo_epochs={cfg.num_iterations}",
             f"{a}.optim.lr={cfg.lr}", f"{a}.optim.weight_decay={cfg.weight_decay}",
@@ -114,7 +122,8 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             out += [f"algorithm.kl_ctrl.target_kl={cfg.target_kl}", f"algorithm.kl_ctrl.horizon={cfg.kl_horizon}"]
     else:
         out += [f"{a}.use_kl_loss=False", "algorithm.use_kl_in_reward=False"]
-    out += _verl_importance(cfg) + _verl_entropy(cfg)
+    out += _verl_importance(cfg) + real_model.verl_settings(cfg)  # precision, checkpointing, batch sizes, LoRA
+    out += _verl_entropy(cfg)
     if cfg.dynamic_sampling:
         out += ["algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=acc",
                 f"algorithm.filter_groups.max_num_gen_batches={cfg.max_gen_batches}",
@@ -176,3 +185,59 @@ def to_verl(cfg: RLConfig) -> str:
         NotImplementedError, ValueError: as ``verl_overrides``.
     """
     return " ".join(verl_overrides(cfg))
+
+
+# ---------------------------------------------------------------------------------------------- distillation in verl
+#: Each distillation objective of minirl (``distill.py``, ``RLConfig.distill``) in verl 0.9.1: the ``distillation.*``
+#: overrides of ``python -m verl.trainer.main_ppo`` (verl/trainer/config/distillation/distillation.yaml) that compute
+#: it, plus the teacher's path (``distillation.teacher_models.teacher_model.model_path=...``). verl's
+#: ``use_policy_gradient=True`` feeds -k1 of each token as that token's advantage, gamma = 0 (as Tinker; verl's
+#: distillation/losses.py cites Thinking Machines' post); with ``use_task_rewards=True`` the task's policy loss
+#: (GRPO's advantage) is added, the distillation term weighted by ``distillation_loss_coef``: the loop's mix.
+DISTILL_VERL = {
+    "reverse_kl_reward": {"enabled": True, "distillation_loss.loss_mode": "k1",
+                          "distillation_loss.use_policy_gradient": True,
+                          "distillation_loss.policy_loss_mode": "vanilla",
+                          "distillation_loss.use_task_rewards": False},
+    "mix": {"enabled": True, "distillation_loss.loss_mode": "k1", "distillation_loss.use_policy_gradient": True,
+            "distillation_loss.policy_loss_mode": "vanilla", "distillation_loss.use_task_rewards": True,
+            "distillation_loss.distillation_loss_coef": None},  # None: the caller's kl_coef
+}
+#: What verl 0.9.1 cannot compute, and why; ``sft_nll`` is a separate trainer.
+DISTILL_VERL_REFUSED = {
+    "reward_to_go": "verl 0.9.1 gives each token its own -k1 as the advantage (gamma = 0); no option sums a token's "
+                    "future teacher rewards into it",
+    "full_reverse_kl": "verl 0.9.1's only loss over the distribution is forward_kl_topk, the FORWARD KL(q || p) over "
+                       "the teacher's top-k tokens; it has no reverse KL over the vocabulary",
+    "generalized_jsd": "verl 0.9.1 has no JSD; its forward_kl_topk is the forward KL (GKD's beta = 0) restricted to "
+                       "the teacher's top-k tokens, not the same loss",
+    "sft_nll": "SFT on the teacher's samples is verl's separate SFT trainer (python -m verl.trainer.sft_trainer) on a "
+               "dataset of the teacher's completions, not an option of main_ppo",
+}
+
+
+def distill_verl_overrides(objective: str, *, gamma: float = 0.0, kl_coef: float = 1.0) -> list[str]:
+    """verl 0.9.1 overrides (Hydra ``key=value``, under ``distillation.``) for a distillation objective of minirl.
+
+    - ``reverse_kl_reward`` (the loop's ``distill="reverse_kl"``) with gamma = 0: -k1 per token as the advantage.
+    - ``mix`` (the loop's ``task_coef > 0``, gamma = 0): the task's policy loss + ``kl_coef`` x the same term. minirl
+      weighs the task advantage by ``task_coef`` instead; with task_coef = 1 the two are the same objective.
+
+    Example: ``distill_verl_overrides("reverse_kl_reward")`` -> ["distillation.enabled=True",
+    "distillation.distillation_loss.loss_mode=k1", ...].
+
+    Raises:
+        NotImplementedError: for gamma > 0, ``full_reverse_kl``, ``generalized_jsd`` and ``sft_nll``, with the reason.
+        ValueError: for an unknown objective or kl_coef < 0.
+    """
+    if objective in DISTILL_VERL_REFUSED:
+        raise NotImplementedError(f"{objective}: {DISTILL_VERL_REFUSED[objective]}")
+    if objective not in DISTILL_VERL:
+        raise ValueError(f"unknown objective {objective!r}; expected one of {sorted(DISTILL_VERL)} "
+                         f"(refused: {sorted(DISTILL_VERL_REFUSED)})")
+    if gamma > 0:
+        raise NotImplementedError(f"{objective} with gamma={gamma}: {DISTILL_VERL_REFUSED['reward_to_go']}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    settings = {k: (kl_coef if v is None else v) for k, v in DISTILL_VERL[objective].items()}
+    return [f"distillation.{k}={v}" for k, v in settings.items()]

@@ -20,7 +20,8 @@ import pages  # noqa: E402  (after the path: the generator lives beside this fil
 project = "minirl"
 author = "minirl contributors"
 root_doc = "notebooks/book/index"
-include_patterns = ["README.md", "notebooks/[0-9][0-9]_*.ipynb", "notebooks/results/README.md", "notebooks/book/*.md",
+include_patterns = ["README.md", "notebooks/[0-9][0-9]_*.ipynb", "notebooks/results/README.md",
+                    "notebooks/real_model.md", "notebooks/book/*.md",
                     "notebooks/book/generated/*.md"]
 exclude_patterns = ["notebooks/book/_build/**"]
 

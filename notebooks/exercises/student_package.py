@@ -9,7 +9,8 @@ DIR/ mirrors the repository, so every relative path the lessons and the checker 
   ``_NoReference``: ``check`` then runs the hand-worked cases and defers the ones that compare with the reference to
   grading. minirl's own modules stay: they ARE what the exercises reimplement, and a student can always read them.
 - ``pyproject.toml``, ``README.md`` (a short one for students), ``data/`` (the task and the warm start).
-- ``notebooks/[0-9][0-9]_*.ipynb``: the lessons, each cell that prints an exercise's solution replaced (see ``strip_lesson``).
+- ``notebooks/[0-9][0-9]_*.ipynb``: the lessons, each cell that prints an exercise's solution replaced (see
+  ``strip_lesson``).
 - ``notebooks/results/``: the stored results the lessons and the experiment check read.
 - ``notebooks/exercises/``: the stored release (stubs, no solutions, no hidden tests).
 
@@ -157,8 +158,8 @@ def stand_in_key(text: str) -> str:
 
 README = """# minirl: the student package
 
-- `notebooks/[0-9][0-9]_*.ipynb`: the lessons. Where a lesson used to print minirl's implementation of one of your exercises,
-  it points to the exercise instead.
+- `notebooks/[0-9][0-9]_*.ipynb`: the lessons. Where a lesson used to print minirl's implementation of one of your
+  exercises, it points to the exercise instead.
 - `notebooks/exercises/`: your exercise notebooks. Write each function in its cell and run the check cell under it:
   the cases worked out by hand run here; the seeded random cases compare with the teacher's reference and run when
   your work is graded. Use torch only: a submission that calls minirl's implementation is not graded.

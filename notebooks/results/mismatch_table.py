@@ -1,11 +1,11 @@
 """The sampler/trainer mismatch, measured: ``python notebooks/results/mismatch_table.py`` writes mismatch_table.json.
 
-For the shipped warm starts (dense and MoE, cpu profile, seed 0) and each sampler setting (a bfloat16 copy, and
-noise of growing size on the final logits or, for the MoE, on the router logits): one rollout of 16 prompts x 8
-samples from the sampler, then pi_old recomputed by the float32 trainer on the same tokens. Per setting and rollout
-seed: the token log-ratio log pi_old - log mu (mean |.|, max |.|, variance over valid tokens), the sequence
-log-ratio as a product (sum over the tokens) and as a geometric mean (per-token mean), and for the MoE the share of
-(token, layer) expert choices that differ between the sampler's decoding and the trainer's forward.
+For the shipped warm starts (dense and MoE, cpu profile, seed 0) and each sampler setting (a bfloat16 copy, a
+float16 copy, and noise of growing size on the final logits or, for the MoE, on the router logits): one rollout of
+16 prompts x 8 samples from the sampler, then pi_old recomputed by the float32 trainer on the same tokens. Per
+setting and rollout seed: the token log-ratio log pi_old - log mu (mean |.|, max |.|, variance over valid tokens),
+the sequence log-ratio as a product (sum over the tokens) and as a geometric mean (per-token mean), and for the MoE
+the share of (token, layer) expert choices that differ between the sampler's decoding and the trainer's forward.
 """
 
 from __future__ import annotations
@@ -24,9 +24,10 @@ from minirl.sampler import make_sampler
 from minirl.warm_start import warm_start
 
 SETTINGS = {
-    "dense": [dict(dtype="bfloat16"), dict(logit_noise=0.1), dict(logit_noise=0.3), dict(logit_noise=1.0)],
-    "moe": [dict(dtype="bfloat16"), dict(router_noise=0.1), dict(router_noise=0.3), dict(router_noise=1.0),
-            dict(logit_noise=0.3)],
+    "dense": [dict(dtype="bfloat16"), dict(dtype="float16"), dict(logit_noise=0.1), dict(logit_noise=0.3),
+              dict(logit_noise=1.0)],
+    "moe": [dict(dtype="bfloat16"), dict(dtype="float16"), dict(router_noise=0.1), dict(router_noise=0.3),
+            dict(router_noise=1.0), dict(logit_noise=0.3)],
 }
 SEEDS = (0, 1, 2)
 
