@@ -4,7 +4,7 @@ that calls the minirl function it reimplements, and rejects every named realisti
 Each wrong implementation below is a bug the field has made in public (token-mean vs sequence mean, ddof, eps inside
 the sqrt, k3 upside down, an old log-prob that is not detached, a mask from the pad id, k3 in the reward, GSPO's
 sequence term broadcast over tokens, GAE reading the value of padding, clip without eps_high, ...). The hand
-arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch11.py; the mistakes of
+arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch12.py; the mistakes of
 the exercises issue 40 added (04's gmpo_loss, 07, 09, 10, 11) are in tests/exercise_mistakes_new.py.
 """
 
@@ -962,12 +962,12 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """Every chapter 00-11 has exercises (07, the bridge to TRL, one; the others 2-6); every exercise has a
+    """Every chapter 00 and 02-12 has exercises (10, the bridge to TRL, one; the others 2-6); every exercise has a
     reference solution in a notebook here."""
     names = exercises.list_exercises()
     assert len(names) >= 33
-    assert len(exercises.list_exercises("07")) >= 1
-    for chapter in ("00", "01", "02", "03", "04", "05", "06", "08", "09", "10", "11"):
+    assert len(exercises.list_exercises("10")) >= 1
+    for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12"):
         assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)
 
@@ -1121,7 +1121,7 @@ def test_the_checkers_new_loss_and_weight_copies_agree_with_minirl():
                                                                                        form=form))
 
 
-def test_the_checkers_copies_for_chapters_04_07_09_10_11_agree_with_minirl():
+def test_the_checkers_copies_for_chapters_05_06_09_10_12_agree_with_minirl():
     """The references of issue 40's exercises (gmpo_loss, ratio_weighted_k3, token_covariance, pass_at_k,
     reverse_kl_reward, full_reverse_kl, decoupled_ppo_terms, off_policy_sequence_mask) equal minirl's functions,
     value and gradient, on random inputs with padding and an empty row."""

@@ -125,7 +125,7 @@ def _grpo_step_through_minirl(text: str) -> str:
     indent = lines[start][:len(lines[start]) - len(lines[start].lstrip())]
     n_seq = [line for line in lines[start:end] if line.lstrip().startswith("n_seq = ")]
     body = [f"{indent}# written out in the teacher's copy: the surrogate is exercise grpo_loss "
-            "(exercises/02_grpo.ipynb)",
+            "(exercises/03_grpo.ipynb)",
             *n_seq,
             f"{indent}pg_loss, _ = losses.policy_loss(logprobs, old_logprobs[mb], adv[mb], m, eps_low=cfg.eps_low,",
             f"{indent}                                eps_high=cfg.eps_high, agg=\"seq-mean-token-mean\", "

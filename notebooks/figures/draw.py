@@ -251,9 +251,9 @@ def sampler_mismatch():
 
 
 DIAGRAMS = {"00_task_and_models": task_and_models, "01_policy_gradient": policy_gradient,
-            "01_ppo": ppo_four_models, "02_grpo": grpo_group, "03_kl_estimators": kl_placements,
-            "04_dapo": dapo_changes, "05_gspo_moe": gspo_moe, "06_preference": dpo_derivation,
-            "07_to_trl": to_trl, "08_sampler_mismatch": sampler_mismatch}
+            "02_ppo": ppo_four_models, "03_grpo": grpo_group, "04_kl_estimators": kl_placements,
+            "05_dapo": dapo_changes, "07_gspo_moe": gspo_moe, "08_preference": dpo_derivation,
+            "10_to_trl": to_trl, "11_sampler_mismatch": sampler_mismatch}
 
 
 def main():
