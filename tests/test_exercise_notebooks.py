@@ -58,7 +58,7 @@ def test_one_exercise_notebook_per_chapter():
 def test_nbgrader_source_format(path):
     nb = _load(path)
     solutions, checks = _nbgrader_cells(nb, "solution"), _nbgrader_cells(nb, "grade")
-    assert 1 <= len(solutions) == len(checks) <= 7  # 07 has one exercise; 04 six and an experiment
+    assert 1 <= len(solutions) == len(checks) <= 7  # 10 has one exercise; 05 six and an experiment
     grade_ids = [c["metadata"]["nbgrader"]["grade_id"] for c in solutions + checks]
     assert len(grade_ids) == len(set(grade_ids))
     for c in solutions:

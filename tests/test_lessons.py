@@ -250,7 +250,7 @@ def test_every_prose_figure_comes_from_an_output_or_a_stored_result(path):
 
 
 
-# What a lesson imports must install with the package and its notebooks extra (issue 35, defect 7: notebook 08 stopped
+# What a lesson imports must install with the package and its notebooks extra (issue 35, defect 7: notebook 11 stopped
 # at "No module named 'trl'" after `pip install -e ".[notebooks]"`). Import name -> distribution, for every third-party
 # module a lesson imports; a new one fails test_every_lesson_import_is_known until it is added here.
 DISTRIBUTION = {"torch": "torch", "transformers": "transformers", "datasets": "datasets", "numpy": "numpy",

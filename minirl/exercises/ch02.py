@@ -27,7 +27,7 @@ from ._core import (
 )
 
 # ================================================================================================================
-# 01 · PPO
+# 02 · PPO
 
 
 ex = _exercise("gae", "02", "gae(rewards, values, mask, *, gamma=1.0, lam=0.95) -> (advantages, returns)",

@@ -28,7 +28,7 @@ from ._core import (
 from .ch03 import K3_UPSIDE_DOWN
 
 # ================================================================================================================
-# 03 · KL estimators
+# 04 · KL estimators
 
 
 ex = _exercise("k3", "04", "k3(logprobs, ref_logprobs) -> (B, T)", "minirl.kl.k3",

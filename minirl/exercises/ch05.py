@@ -28,7 +28,7 @@ from .ch02 import SEQ_MEAN_NOT_TOKEN
 from .ch03 import LAYOUT, TOKEN_MEAN_NOT_SEQ
 
 # ================================================================================================================
-# 04 · DAPO
+# 05 · DAPO
 
 
 ex = _exercise("aggregate", "05", "aggregate(per_token, mask, mode, *, max_tokens=None) -> scalar  (modes token-mean, "
@@ -175,7 +175,7 @@ def _(fn, gen):
 
 
 # ================================================================================================================
-# 04 · beyond the clip: CISPO and SAPO (notebook 04, section 1b)
+# 05 · beyond the clip: CISPO and SAPO (notebook 05, section 1b)
 
 ex = _exercise("cispo_loss", "05", "cispo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.2, eps_high=0.2) "
                "-> loss (token-mean; advantages (B,))", "minirl.losses.cispo_loss (form='two-sided', agg='token-mean')",

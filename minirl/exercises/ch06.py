@@ -12,7 +12,7 @@ from . import _reference as ref
 from ._core import _case, _exercise, _expect, _expect_raises, _leaf, _Mismatch, _prefix_mask, _t
 
 # ================================================================================================================
-# 09 · the covariance term: Cov(log pi, A), one term per token
+# 06 · the covariance term: Cov(log pi, A), one term per token
 
 ex = _exercise("token_covariance", "06", "token_covariance(logprobs, advantages, mask) -> (B, T) (advantages (B,))",
                "minirl.entropy.token_covariance",
@@ -70,7 +70,7 @@ def _(fn, gen):
 
 
 # ================================================================================================================
-# 09 · pass@k, the unbiased estimator
+# 06 · pass@k, the unbiased estimator
 
 ex = _exercise("pass_at_k", "06", "pass_at_k(num_samples, num_correct, k) -> (P,) in [0, 1]",
                "minirl.entropy.pass_at_k", ("minirl.entropy.pass_at_k", "minirl.entropy.mean_pass_at_k"))

@@ -28,7 +28,7 @@ from .ch00 import MEAN_T
 from .ch02 import OPTIMISTIC
 
 # ================================================================================================================
-# 05 · GSPO on a tiny MoE
+# 07 · GSPO on a tiny MoE
 
 
 ex = _exercise("sequence_ratio", "07", "sequence_ratio(logprobs, old_logprobs, mask) -> (B,) GSPO's s_i",

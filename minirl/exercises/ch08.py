@@ -22,7 +22,7 @@ from ._core import (
 from .ch00 import MEAN_T, UNMASKED
 
 # ================================================================================================================
-# 06 · preference optimisation
+# 08 · preference optimisation
 
 
 ex = _exercise("dpo_loss", "08",

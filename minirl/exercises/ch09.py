@@ -14,14 +14,14 @@ from . import _reference as ref
 from ._core import _case, _exercise, _expect, _expect_finite, _grad, _leaf, _Mismatch, _prefix_mask, _t
 
 # ================================================================================================================
-# 10 · the sampled token's reward: r_t = log q(y_t) - log p(y_t)
+# 09 · the sampled token's reward: r_t = log q(y_t) - log p(y_t)
 
 ex = _exercise("reverse_kl_reward", "09", "reverse_kl_reward(logprobs, teacher_logprobs, mask) -> (B, T) detached",
                "minirl.distill.reverse_kl_reward", ("minirl.distill.reverse_kl_reward", "minirl.distill.mixed_reward"))
 KL_SIGN = ("the reward is MINUS the student's log-ratio, log q(y_t) - log p(y_t): log p - log q is the KL estimate "
            "itself, a penalty; as a reward it would push the student AWAY from the teacher")
 K3_REWARD = ("k3 is an estimate of the KL to put in a LOSS; per sampled token, the reward whose sum is -KL(p || q) "
-             "over the sequence is k1's negative, log q - log p (notebook 03: k3 in the reward gives the wrong KL)")
+             "over the sequence is k1's negative, log q - log p (notebook 04: k3 in the reward gives the wrong KL)")
 PROMPT = ("only the completion's tokens were sampled by the student: positions outside the mask (the prompt, and "
           "padding) get no reward; a KL summed over the prompt grades tokens the student never chose")
 REWARD_GRAD = ("a reward carries no gradient: detach it (the student's log-prob is differentiated only in the "
@@ -66,7 +66,7 @@ def _(fn, gen):
 
 
 # ================================================================================================================
-# 10 · the whole next-token distribution: KL(p(.|prefix) || q(.|prefix)) at every position
+# 09 · the whole next-token distribution: KL(p(.|prefix) || q(.|prefix)) at every position
 
 ex = _exercise("full_reverse_kl", "09", "full_reverse_kl(logits, teacher_logits, mask, *, temperature=1.0) -> (B, T)",
                "minirl.distill.full_reverse_kl",

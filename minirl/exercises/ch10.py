@@ -25,12 +25,12 @@ from ._core import (
 from .ch03 import K3_UPSIDE_DOWN
 
 # ================================================================================================================
-# 07 · the ratio-weighted k3 (TRL's use_bias_correction_kl, DeepSeek-V3.2's unbiased KL estimate)
+# 10 · the ratio-weighted k3 (TRL's use_bias_correction_kl, DeepSeek-V3.2's unbiased KL estimate)
 
 ex = _exercise("ratio_weighted_k3", "10", "ratio_weighted_k3(logprobs, old_logprobs, ref_logprobs, mask) -> (B, T)",
                "minirl.kl.ratio_weighted_k3", ("minirl.kl.ratio_weighted_k3", "minirl.kl.kl_estimate"))
 RATIO_DETACHED = ("the ratio pi / pi_old was detached: its value is right but then the term's expected gradient is "
-                  "E_pi[grad k3], the FORWARD KL's (notebook 03), which is what TRL's option exists to correct; the "
+                  "E_pi[grad k3], the FORWARD KL's (notebook 04), which is what TRL's option exists to correct; the "
                   "ratio must be differentiated, only pi_old is a constant")
 RATIO_UPSIDE_DOWN = ("the importance ratio is pi / pi_old (the current policy over the one that drew the tokens), "
                      "not pi_old / pi")

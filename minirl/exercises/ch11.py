@@ -12,7 +12,7 @@ from . import _reference as ref
 from ._core import _case, _exercise, _expect, _Mismatch, _prefix_mask, _t
 
 # ================================================================================================================
-# 08 · the sequence-level importance weight (truncated IS over a whole completion)
+# 11 · the sequence-level importance weight (truncated IS over a whole completion)
 
 ex = _exercise("seq_is_weight", "11", "seq_is_weight(old_logprobs, sampler_logprobs, mask, *, cap=2.0, "
                "form='product') -> (B,) detached weights", "minirl.importance.seq_tis_weights",
@@ -89,7 +89,7 @@ def _(fn, gen):
 
 
 # ================================================================================================================
-# 08 · Rollout Routing Replay (R3): the sampler's routes, aligned with the trainer's forward
+# 11 · Rollout Routing Replay (R3): the sampler's routes, aligned with the trainer's forward
 
 ex = _exercise("align_sampler_routes", "11", "align_sampler_routes(step_indices, batch_size) -> list over layers of "
                "(B, P + T, k) long", "minirl.rollout.generate (record_sampler_routes=True) with "

@@ -11,7 +11,7 @@ from . import _reference as ref
 from ._core import _case, _exercise, _expect, _expect_finite, _grad, _leaf, _prefix_mask, _t
 
 # ================================================================================================================
-# 11 · decoupled PPO: the trust region around the proximal policy, the sampler corrected by a weight
+# 12 · decoupled PPO: the trust region around the proximal policy, the sampler corrected by a weight
 
 ex = _exercise("decoupled_ppo_terms", "12", "decoupled_ppo_terms(logprobs, prox_logprobs, behaviour_logprobs, "
                "advantages, mask, *, eps_low=0.2, eps_high=None, weight_cap=None) -> (B, T) (advantages (B,))",
@@ -116,7 +116,7 @@ def _(fn, gen):
 
 
 # ================================================================================================================
-# 11 · DeepSeek-V3.2's off-policy sequence mask
+# 12 · DeepSeek-V3.2's off-policy sequence mask
 
 ex = _exercise("off_policy_sequence_mask", "12", "off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, "
                "mask, *, threshold) -> (B,) float, 1 keep / 0 drop", "minirl.stale.off_policy_sequence_mask",
