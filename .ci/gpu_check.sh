@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2034  # the BUDGET_ names are read as ${!budget_var} in part()
 # The GPU check: on a fresh CUDA machine with no network, install what minirl needs from carried wheels, then run the
-# gpu profile's bench, the main job and notebooks 02 and 05 (nbval), each timed and bounded, then 3 RL steps of a
+# gpu profile's bench, the main job and notebooks 03 and 07 (nbval), each timed and bounded, then 3 RL steps of a
 # random Qwen3-0.6B-shaped model at 32x16 and 8x8 prompts x samples of 512 tokens against memory_plan (real_sizes),
 # and print their figures.
 #
@@ -31,8 +31,8 @@ BUDGET_imports=20
 BUDGET_bench=40
 BUDGET_warm_start=60
 BUDGET_train=70
-BUDGET_nb02=70
-BUDGET_nb05=70
+BUDGET_nb03=70
+BUDGET_nb07=70
 # real_sizes: 3 steps at 32x16x512 (512 rows) and at 8x8x512 on a 0.6 B model, and its two builds
 BUDGET_real_sizes=180
 TRAIN_STEPS="${GPU_CHECK_TRAIN_STEPS:-100}"   # the main job with 100 of the gpu profile's 200 RL steps, to fit
@@ -141,8 +141,8 @@ EOF
 
 part train "'$PY' -m minirl train --algo grpo --profile '$PROFILE' --steps '$TRAIN_STEPS' --out '$WORK/train'"
 
-part nb02 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/02_*.ipynb"
-part nb05 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/05_*.ipynb"
+part nb03 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/03_*.ipynb"
+part nb07 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/07_*.ipynb"
 
 # issue 36: the real model's sizes (random weights: they change neither memory nor time), every completion 512
 # tokens (min_new_tokens), seconds and peak memory per stage beside memory_plan's prediction

@@ -2,7 +2,7 @@
 
 All three estimate KL(policy || ref) from tokens sampled from the policy. Their *values* are well understood
 (Schulman 2020); what is less well known is that the *gradient* you get depends on where the estimate is placed
-(Tang & Munos 2025; notebook 03 shows it exactly):
+(Tang & Munos 2025; notebook 04 shows it exactly):
 
 | estimator | in the reward (detached, REINFORCE)       | in the loss (differentiated)          |
 |-----------|-------------------------------------------|---------------------------------------|
@@ -78,7 +78,7 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """Low-variance unbiased estimate of KL(policy || ref) per token: r - 1 - log r with r = ref / pi.
 
     Its mean is the KL and it is never negative; differentiated inside a loss, though, its expected gradient is that
-    of the forward KL(ref || pi), not of the reverse KL the penalty is meant to be (notebook 03 shows this exactly).
+    of the forward KL(ref || pi), not of the reverse KL the penalty is meant to be (notebook 04 shows this exactly).
 
     Above log r = LOG_RATIO_LINEAR_ABOVE (20 nats) exp is continued by its tangent, e^20 * (1 + log r - 20): value and
     gradient stay finite, the value stays >= 0, and the gradient keeps the exact one's sign. Example: logprobs -

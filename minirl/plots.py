@@ -93,27 +93,27 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
            "token TIS, noise 1.0": "tab:blue", "token MIS, noise 1.0": "tab:green",
            "GRPO": "tab:blue", "GRPO + Routing Replay": "tab:purple", "GSPO": "tab:green", "GSPO-token": "tab:olive",
            "CISPO": "tab:orange", "SAPO": "tab:cyan", "GMPO": "tab:brown", "DAPO": "tab:red", "PPO": "tab:pink",
-           # 03: the KL estimators and their placements (the checksum gave three of these the same colour)
+           # 04: the KL estimators and their placements (the checksum gave three of these the same colour)
            "k1": "tab:blue", "k2": "tab:orange", "k3": "tab:green",
            "k1 in reward": "tab:blue", "k1 in loss": "tab:orange", "k2 in reward": "tab:purple",
            "k2 in loss": "tab:olive", "k3 in reward": "tab:red", "k3 in loss": "tab:green", "no KL": "tab:gray",
-           # 04: each DAPO switch alone on top of GRPO
+           # 05: each DAPO switch alone on top of GRPO
            "+ clip-higher": "tab:orange", "GRPO + clip-higher": "tab:orange", "+ token-mean": "tab:olive",
            "+ overlong shaping": "tab:brown", "+ overlong filter": "tab:pink", "+ dynamic sampling": "tab:cyan",
            "Dr. GRPO": "tab:purple", "CISPO two-sided": "tab:olive",
-           # 06 and 07
+           # 08 and 10
            "DPO": "tab:blue", "cDPO": "tab:cyan", "IPO": "tab:green", "KTO": "tab:orange", "SimPO": "tab:red",
            "minirl": "tab:blue", "TRL": "tab:orange",
-           # 08's MoE arms: the dense arms' colours, and the replay arms' own
+           # 11's MoE arms: the dense arms' colours, and the replay arms' own
            "naive, router noise 0.3": "lightcoral", "naive, router noise 1.0": "tab:red",
            "recomputed, router noise 1.0": "tab:orange", "token TIS, router noise 1.0": "tab:blue",
            "token MIS, router noise 1.0": "tab:green", "R2, router noise 1.0": "tab:purple",
            "R3, router noise 1.0": "tab:brown", "GSPO, router noise 1.0": "tab:olive",
-           # 10: distillation (GRPO keeps its blue)
+           # 09: distillation (GRPO keeps its blue)
            "on-policy distillation": "tab:red", "full-vocab distillation": "tab:purple",
            "SFT on teacher samples": "tab:orange", "GRPO (task reward)": "tab:blue", "mix": "tab:green",
            "teacher": "black",
-           # 09: the entropy controls on top of GRPO ("+ clip-higher" as in 04)
+           # 06: the entropy controls on top of GRPO ("+ clip-higher" as in 05)
            "+ entropy bonus": "tab:green", "+ adaptive entropy": "tab:cyan", "+ Clip-Cov": "tab:purple",
            "+ KL-Cov": "tab:red", "+ top-entropy tokens": "tab:brown"}
 

@@ -2,7 +2,7 @@
 the task's checker, and pair right with wrong inside each group (DPO, IPO, SimPO) or label each completion (KTO).
 
 This is the offline pipeline of Rafailov et al. 2023 (sample from the SFT model, label, then optimise against the
-frozen SFT model); ``flip_pairs`` adds label noise on purpose (notebook 06).
+frozen SFT model); ``flip_pairs`` adds label noise on purpose (notebook 08).
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ def train_preference(model, tokenizer, data, cfg: PrefConfig, ref_model=None, ev
         ValueError: for an invalid config or data without the method's columns.
 
     Source: the offline pipeline of Rafailov et al. 2023 (sample completions from the SFT model, label them,
-    then optimise the policy against the frozen SFT model as reference); section 3 of notebook 06 runs it.
+    then optimise the policy against the frozen SFT model as reference); section 3 of notebook 08 runs it.
     """
     cfg.validate()
     _check_preference_data(data, cfg.method)

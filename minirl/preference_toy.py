@@ -1,4 +1,4 @@
-"""The IPO bandit: DPO's over-fitting on deterministic preferences, computed exactly (notebook 06).
+"""The IPO bandit: DPO's over-fitting on deterministic preferences, computed exactly (notebook 08).
 
 A k-armed bandit whose preferences are a strict ranking, trained by exact full-batch gradient descent on DPO's or
 IPO's expected loss. Like ``kl_toy`` for the KL estimators, nothing is sampled, so the failure IPO was designed to

@@ -1,5 +1,5 @@
-"""The named mistakes of the course kit's exercises added by issue 40 (04's gmpo_loss, 07, 09 entropy,
-10 distillation, 11 stale samplers): each a wrong implementation the checker must reject with the hint that names it,
+"""The named mistakes of the course kit's exercises added by issue 40 (05's gmpo_loss, 10, 06 entropy,
+09 distillation, 12 stale samplers): each a wrong implementation the checker must reject with the hint that names it,
 and minirl's own function in the exercise's signature (a submission that calls through to minirl is refused).
 
 tests/test_exercises.py runs them with the kit's other mistakes (MISTAKES, MINIRL there are extended with these).
@@ -34,7 +34,7 @@ def _private_copy(module):
 R = _private_copy(_reference)  # the answer key refuses to run inside a check; its copy does not
 
 
-# ------------------------------------------------------------------------------------------------ 04 · gmpo_loss
+# ------------------------------------------------------------------------------------------------ 05 · gmpo_loss
 
 
 def _gmpo(lp, old, adv, mask, eps_low, eps_high, *, side="sign", space="log", mean="geometric", over="valid",
@@ -102,7 +102,7 @@ def gmpo_ppo_defaults(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
     return _gmpo(lp, old, adv, mask, eps_low, eps_high)
 
 
-# ------------------------------------------------------------------------------------- 07 · ratio_weighted_k3
+# ------------------------------------------------------------------------------------- 10 · ratio_weighted_k3
 
 
 def _rwk3(lp, old, ref, mask, *, ratio="differentiated", upside_down=False, k3_upside_down=False):
@@ -142,7 +142,7 @@ def rwk3_mask_after_exp(lp, old, ref, mask):
     return torch.exp(lp - old.detach()) * (torch.exp(log_r) - 1 - log_r) * mask
 
 
-# ------------------------------------------------------------------------------------- 09 · token_covariance
+# ------------------------------------------------------------------------------------- 06 · token_covariance
 
 
 def cov_row_means(lp, adv, mask):
@@ -195,7 +195,7 @@ def cov_nan_on_empty(lp, adv, mask):
     return out if m.any() else out + lp[m].mean()  # the mean of nothing: NaN
 
 
-# ------------------------------------------------------------------------------------------------ 09 · pass_at_k
+# ------------------------------------------------------------------------------------------------ 06 · pass_at_k
 
 
 def pass_biased(n, c, k):
@@ -240,7 +240,7 @@ def pass_no_check_of_k(n, c, k):
                                                                                    strict=True)])
 
 
-# ---------------------------------------------------------------------------------------- 10 · reverse_kl_reward
+# ---------------------------------------------------------------------------------------- 09 · reverse_kl_reward
 
 
 def reward_sign_flipped(lp, teacher, mask):
@@ -264,7 +264,7 @@ def reward_teacher_not_detached(lp, teacher, mask):
     return (teacher - lp.detach()) * mask
 
 
-# ------------------------------------------------------------------------------------------ 10 · full_reverse_kl
+# ------------------------------------------------------------------------------------------ 09 · full_reverse_kl
 
 
 def _kl(logits, teacher, mask, temperature, *, forward=False, normalise=True, t_student=True, t_teacher=True,
@@ -305,7 +305,7 @@ def kl_zero_log_zero_nan(logits, teacher, mask, temperature=1.0):
     return _kl(logits, teacher, mask, temperature)  # p * (log p - log q) with p = 0, log p = -inf: NaN
 
 
-# ------------------------------------------------------------------------------------- 11 · decoupled_ppo_terms
+# ------------------------------------------------------------------------------------- 12 · decoupled_ppo_terms
 
 
 def _dppo(lp, prox, mu, adv, mask, eps_low, eps_high, cap=None, *, around="prox", weight="prox/mu", side="max",
@@ -363,7 +363,7 @@ def dppo_mask_after_exp(lp, prox, mu, adv, mask, eps_low=0.2, eps_high=None, wei
     return _dppo(lp, prox, mu, adv, mask, eps_low, eps_high, weight_cap, masked_before_exp=False)
 
 
-# -------------------------------------------------------------------------------- 11 · off_policy_sequence_mask
+# -------------------------------------------------------------------------------- 12 · off_policy_sequence_mask
 
 
 def _opm(lp, mu, adv, mask, threshold, *, direction="mu-pi", any_sign=False, reduce="mean", strict=True):

@@ -55,7 +55,7 @@ ALLOWED_WARNINGS = [r"README\.md:\d+: WARNING: Unknown source document 'notebook
                     r"notebooks/\d\d_\w+\.ipynb:\d+: WARNING: Unknown source document 'notebooks/exercises/\d\d_\w+'"]
 
 #: Pages a person should look at, saved as PNG: a lesson, an algorithm page, an estimator family.
-SCREENSHOTS = {"lesson_02_grpo": "notebooks/02_grpo.html", "algorithm_gspo": "notebooks/book/generated/algo_gspo.html",
+SCREENSHOTS = {"lesson_03_grpo": "notebooks/03_grpo.html", "algorithm_gspo": "notebooks/book/generated/algo_gspo.html",
                "kl_estimators": "notebooks/book/generated/kl_estimators.html"}
 
 #: In the page: wait for MathJax, then list what a reader would see as broken.

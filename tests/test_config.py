@@ -223,7 +223,7 @@ def test_policy_loss_kwargs_are_every_setting_the_loss_takes_from_a_config():
 
 
 def test_algorithms_table_shows_every_switch_a_preset_sets():
-    """Notebook 02 prints this table: a switch left out (loss_mode, cispo_form, SAPO's temperatures) made sapo read
+    """Notebook 03 prints this table: a switch left out (loss_mode, cispo_form, SAPO's temperatures) made sapo read
     as plain GRPO."""
     table = config.algorithms_table()
     header = table.splitlines()[0]

@@ -24,10 +24,10 @@ from minirl import exercises
 ROOT = Path(__file__).resolve().parent.parent
 EXERCISE_DIR = ROOT / "notebooks" / "exercises"
 NOTEBOOKS = sorted(EXERCISE_DIR.glob("*.ipynb"))
-CHAPTERS = ["00_task_and_models", "01_ppo", "02_grpo", "03_kl_estimators", "04_dapo", "05_gspo_moe", "06_preference",
-            "07_to_trl", "08_sampler_mismatch", "09_entropy", "10_distillation", "11_stale_samplers"]
+CHAPTERS = ["00_task_and_models", "02_ppo", "03_grpo", "04_kl_estimators", "05_dapo", "06_entropy", "07_gspo_moe",
+            "08_preference", "09_distillation", "10_to_trl", "11_sampler_mismatch", "12_stale_samplers"]
 #: Lessons written in parallel with their exercises (issues 36-39): an exercise notebook may precede its lesson until
-#: those branches are merged. Empty this set once notebooks/09_entropy.ipynb .. 11_stale_samplers.ipynb are on main.
+#: those branches are merged. Empty this set once notebooks/06_entropy.ipynb .. 12_stale_samplers.ipynb are on main.
 LESSONS_IN_PROGRESS: set[str] = set()  # every exercise notebook has its lesson
 ASSIGNMENT = "minirl"
 
@@ -58,7 +58,7 @@ def test_one_exercise_notebook_per_chapter():
 def test_nbgrader_source_format(path):
     nb = _load(path)
     solutions, checks = _nbgrader_cells(nb, "solution"), _nbgrader_cells(nb, "grade")
-    assert 1 <= len(solutions) == len(checks) <= 7  # 07 has one exercise; 04 six and an experiment
+    assert 1 <= len(solutions) == len(checks) <= 7  # 10 has one exercise; 05 six and an experiment
     grade_ids = [c["metadata"]["nbgrader"]["grade_id"] for c in solutions + checks]
     assert len(grade_ids) == len(set(grade_ids))
     for c in solutions:
@@ -282,7 +282,7 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
         assert solved.max_score == blank.max_score == 2 * (len(exercises.list_exercises()) + n_experiments)
         not_run = 2 * (n_experiments - 1)  # the experiments whose prediction cell the solved copy leaves blank
         assert solved.score == solved.max_score - not_run, {nb.name: nb.score for nb in solved.notebooks}
-        graded = gb.find_grade(f"{GRADED_EXPERIMENT}-experiment-check", "01_ppo", ASSIGNMENT, "solved")
+        graded = gb.find_grade(f"{GRADED_EXPERIMENT}-experiment-check", "02_ppo", ASSIGNMENT, "solved")
         assert graded.score == graded.max_score == 2  # the experiment exercise, graded
         assert blank.score == 0, {nb.name: nb.score for nb in blank.notebooks}
         assert all(nb.max_score > 0 for nb in blank.notebooks) and len(blank.notebooks) == len(NOTEBOOKS)
@@ -294,9 +294,9 @@ def test_nbgrader_round_trip_on_the_stored_release(tmp_path):
     for path in feedback:
         text = path.read_text()
         assert "seed=2024" not in text and "BEGIN HIDDEN TESTS" not in text, path
-    blank_ppo = (course / "feedback" / "blank" / ASSIGNMENT / "01_ppo.html").read_text()
+    blank_ppo = (course / "feedback" / "blank" / ASSIGNMENT / "02_ppo.html").read_text()
     assert "gae: not implemented yet" in blank_ppo  # the checker's message stays, its traceback goes
-    assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "01_ppo.html").read_text()
+    assert "cases passed" in (course / "feedback" / "solved" / ASSIGNMENT / "02_ppo.html").read_text()
 
 
 @pytest.mark.slow

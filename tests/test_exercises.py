@@ -4,8 +4,8 @@ that calls the minirl function it reimplements, and rejects every named realisti
 Each wrong implementation below is a bug the field has made in public (token-mean vs sequence mean, ddof, eps inside
 the sqrt, k3 upside down, an old log-prob that is not detached, a mask from the pad id, k3 in the reward, GSPO's
 sequence term broadcast over tokens, GAE reading the value of padding, clip without eps_high, ...). The hand
-arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch11.py; the mistakes of
-the exercises issue 40 added (04's gmpo_loss, 07, 09, 10, 11) are in tests/exercise_mistakes_new.py.
+arithmetic of every case lives next to the case in minirl/exercises/ch00.py .. ch12.py; the mistakes of
+the exercises issue 40 added (05's gmpo_loss, 10, 06, 09, 12) are in tests/exercise_mistakes_new.py.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ MINIRL = {
     "cispo_loss": minirl_cispo,
     "sapo_loss": minirl_sapo,
     "seq_is_weight": minirl_seq_is_weight,
-    **MINIRL_NEW,  # 04's gmpo_loss, 07, 09, 10, 11 (tests/exercise_mistakes_new.py)
+    **MINIRL_NEW,  # 05's gmpo_loss, 10, 06, 09, 12 (tests/exercise_mistakes_new.py)
 }
 
 
@@ -222,7 +222,7 @@ def seq_logprobs_default_mean(token_logprobs, mask, reduction="mean"):
     return R.sequence_logprobs(token_logprobs, mask, reduction=reduction)
 
 
-# 01 · gae
+# 02 · gae
 
 
 def gae_reads_padding_value(rewards_, values, mask, gamma=1.0, lam=0.95):
@@ -265,7 +265,7 @@ def gae_values_not_detached(rewards_, values, mask, gamma=1.0, lam=0.95):
     return adv + 0 * values, (adv + values) * mask
 
 
-# 01 · clipped surrogate (token level, token-mean)
+# 02 · clipped surrogate (token level, token-mean)
 
 
 def _surrogate(logprobs, old_logprobs, adv, mask, eps_low, eps_high, *, upside_down=False, detach_old=True,
@@ -328,7 +328,7 @@ def surrogate_clamped_log_ratio(lp, old, adv, mask, eps_low=0.2, eps_high=None):
     return _surrogate(lp, old, adv, mask, eps_low, eps_high)  # exact, except exp(clamp(log-ratio, -20, 20))
 
 
-# 01 · value_loss
+# 02 · value_loss
 
 
 def value_loss_min(values, old_values, returns, mask, clip=0.2):
@@ -347,7 +347,7 @@ def value_loss_without_half(values, old_values, returns, mask, clip=0.2):
     return 2 * R.value_loss(values, old_values, returns, mask, clip=clip)
 
 
-# 02 · group_advantages
+# 03 · group_advantages
 
 
 def group_adv_ddof0(r, group_size, scale="group", eps=1e-4):
@@ -389,7 +389,7 @@ def group_adv_none_still_divides(r, group_size, scale="group", eps=1e-4):
     return R.group_advantages(r, group_size, scale="group", eps=eps)
 
 
-# 02 · grpo_loss
+# 03 · grpo_loss
 
 
 def grpo_token_mean(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
@@ -423,7 +423,7 @@ def grpo_settings_ignored(lp, old, ref, adv, mask, eps=0.2, beta=0.04):
     return R.grpo_loss(lp, old, ref, adv, mask)  # always eps 0.2, beta 0.04
 
 
-# 02 · rloo_advantages
+# 03 · rloo_advantages
 
 
 def rloo_self_in_baseline(r, group_size):
@@ -440,7 +440,7 @@ def rloo_no_group_check(r, group_size):
     return (g - (g.sum(1, keepdim=True) - g) / (group_size - 1)).view(-1)
 
 
-# 03 · k3
+# 04 · k3
 
 
 def k3_upside_down(lp, ref):
@@ -463,7 +463,7 @@ def k3_clamped(lp, ref):
     return log_r.clamp(-20, 20).exp() - 1 - log_r
 
 
-# 03 · kl_reward
+# 04 · kl_reward
 
 
 def kl_reward_score_on_last_column(scores, lp, ref, mask, beta):
@@ -484,7 +484,7 @@ def kl_reward_plus_kl(scores, lp, ref, mask, beta):
     return (_score_last(scores, mask) + beta * (lp - ref).detach()) * mask
 
 
-# 03 · exact_kl
+# 04 · exact_kl
 
 
 def exact_kl_reversed(logits, ref_logits):
@@ -500,7 +500,7 @@ def exact_kl_unnormalised(logits, ref_logits):
     return (F.softmax(logits, -1) * (logits - ref_logits)).sum(-1)
 
 
-# 04 · aggregate
+# 05 · aggregate
 
 
 def agg_always_token_mean(x, mask, mode, max_tokens=None):
@@ -538,7 +538,7 @@ def agg_nan_on_empty_batch(x, mask, mode, max_tokens=None):
     return R.aggregate(x, mask, mode, max_tokens=max_tokens) * valid.sum() / valid.sum()
 
 
-# 04 · overlong_penalty
+# 05 · overlong_penalty
 
 
 def overlong_ramp_late(lengths, max_len, cache_len):
@@ -553,7 +553,7 @@ def overlong_not_clamped_beyond(lengths, max_len, cache_len):
     return ((max_len - cache_len - lengths.float()) / cache_len).clamp(max=0)
 
 
-# 04 · has_signal
+# 05 · has_signal
 
 
 def signal_any_correct(r, group_size):
@@ -565,7 +565,7 @@ def signal_strided_groups(r, group_size):
     return (g != g[:1]).any(0)
 
 
-# 05 · sequence_ratio
+# 07 · sequence_ratio
 
 
 def seq_ratio_product(lp, old, mask):
@@ -584,7 +584,7 @@ def seq_ratio_old_not_detached(lp, old, mask):
     return torch.exp(((lp - old) * mask).sum(-1) / mask.sum(-1).clamp(min=1))
 
 
-# 05 · gspo_loss
+# 07 · gspo_loss
 
 
 def gspo_broadcast_over_tokens(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
@@ -605,7 +605,7 @@ def gspo_old_not_detached(lp, old, adv, mask, eps_low=3e-4, eps_high=4e-4):
     return per_seq.mean()
 
 
-# 05 · gspo_token_ratio
+# 07 · gspo_token_ratio
 
 
 def gspo_token_no_stop_gradient(lp, old, mask):
@@ -617,7 +617,7 @@ def gspo_token_fully_detached(lp, old, mask):
     return gspo_token_no_stop_gradient(lp, old, mask).detach()
 
 
-# 06 · dpo_loss
+# 08 · dpo_loss
 
 
 def _h(c, r, rc, rr):
@@ -648,7 +648,7 @@ def dpo_reference_not_detached(c, r, rc, rr, beta=0.1):
     return -F.logsigmoid(beta * ((c - rc) - (r - rr))).mean()
 
 
-# 06 · ipo_loss
+# 08 · ipo_loss
 
 
 def ipo_target_one_over_tau(c, r, rc, rr, tau=0.1):
@@ -663,7 +663,7 @@ def ipo_no_reference(c, r, rc, rr, tau=0.1):
     return (((c - r) - 1 / (2 * tau)) ** 2).mean()
 
 
-# 06 · simpo from tokens
+# 08 · simpo from tokens
 
 
 def simpo_sum_not_mean(c, cm, r, rm, beta=2.0, gamma=1.0):
@@ -684,7 +684,7 @@ def simpo_naive_log_sigmoid(c, cm, r, rm, beta=2.0, gamma=1.0):
     return -torch.log(torch.sigmoid(beta * (cs - rs) - gamma)).mean()
 
 
-# 04 · cispo_loss
+# 05 · cispo_loss
 
 
 def _cispo(lp, old, adv, mask, eps_low, eps_high, *, detach=True, low=True, times="logp", agg="token-mean"):
@@ -718,7 +718,7 @@ def cispo_seq_mean(lp, old, adv, mask, eps_low=0.2, eps_high=0.2):
     return _cispo(lp, old, adv, mask, eps_low, eps_high, agg="seq-mean-token-mean")
 
 
-# 04 · sapo_loss
+# 05 · sapo_loss
 
 
 def _sapo(lp, old, adv, mask, tau_pos, tau_neg, *, tau_rule="advantage", scale=True, centred=True,
@@ -759,7 +759,7 @@ def sapo_old_not_detached(lp, old, adv, mask, tau_pos=1.0, tau_neg=1.05):
     return _sapo(lp, old, adv, mask, tau_pos, tau_neg, detach_old=False)
 
 
-# 08 · seq_is_weight
+# 11 · seq_is_weight
 
 
 def _log_w(old, sampler, mask):
@@ -806,7 +806,7 @@ def is_not_detached(old, sampler, mask, cap=2.0, form="product"):
     return torch.exp(log_w).clamp(max=cap)
 
 
-# 08 · align_sampler_routes
+# 11 · align_sampler_routes
 
 
 def routes_last_missing(step_indices, batch_size):
@@ -953,7 +953,7 @@ MISTAKES = [
     ("align_sampler_routes", "tokens read as (L, B)", routes_rows_as_length_first, "row by row"),
     ("align_sampler_routes", "float indices", routes_as_float, "integers (torch.long)"),
     ("align_sampler_routes", "one tensor per step, not per layer", routes_per_step, "tensor per LAYER"),
-    *MISTAKES_NEW,  # 04's gmpo_loss, 07, 09, 10, 11 (tests/exercise_mistakes_new.py)
+    *MISTAKES_NEW,  # 05's gmpo_loss, 10, 06, 09, 12 (tests/exercise_mistakes_new.py)
 ]
 
 
@@ -962,12 +962,12 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """Every chapter 00-11 has exercises (07, the bridge to TRL, one; the others 2-6); every exercise has a
+    """Every chapter 00 and 02-12 has exercises (10, the bridge to TRL, one; the others 2-6); every exercise has a
     reference solution in a notebook here."""
     names = exercises.list_exercises()
     assert len(names) >= 33
-    assert len(exercises.list_exercises("07")) >= 1
-    for chapter in ("00", "01", "02", "03", "04", "05", "06", "08", "09", "10", "11"):
+    assert len(exercises.list_exercises("10")) >= 1
+    for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12"):
         assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)
 
@@ -1121,7 +1121,7 @@ def test_the_checkers_new_loss_and_weight_copies_agree_with_minirl():
                                                                                        form=form))
 
 
-def test_the_checkers_copies_for_chapters_04_07_09_10_11_agree_with_minirl():
+def test_the_checkers_copies_for_chapters_05_06_09_10_12_agree_with_minirl():
     """The references of issue 40's exercises (gmpo_loss, ratio_weighted_k3, token_covariance, pass_at_k,
     reverse_kl_reward, full_reverse_kl, decoupled_ppo_terms, off_policy_sequence_mask) equal minirl's functions,
     value and gradient, on random inputs with padding and an empty row."""

@@ -88,14 +88,14 @@ def test_the_budgets_add_up_to_what_the_readme_says():
     total = int(re.search(r"^TOTAL_BUDGET_S=(\d+)$", text, re.M).group(1))
     budgets = {m[0]: int(m[1]) for m in re.findall(r"^BUDGET_(\w+)=(\d+)$", text, re.M)}
     parts = re.findall(r"^part (\w+) ", text, re.M)
-    assert parts == ["install", "imports", "bench", "warm_start", "train", "nb02", "nb05", "real_sizes"]
+    assert parts == ["install", "imports", "bench", "warm_start", "train", "nb03", "nb07", "real_sizes"]
     assert set(parts) == set(budgets) and sum(budgets.values()) == total, (budgets, total)
     steps = int(re.search(r'^TRAIN_STEPS="\$\{GPU_CHECK_TRAIN_STEPS:-(\d+)\}"', text, re.M).group(1))
     readme = " ".join((ROOT / "README.md").read_text().split())  # prose wraps anywhere
     assert f"about {total // 60} minutes ({total} s) in all" in readme
     assert f"{steps} of its {config.PROFILES['gpu'].rl_steps} RL steps" in readme
     assert "has been measured on a GPU yet" in readme
-    for notebook in ("02", "05"):
+    for notebook in ("03", "07"):
         assert len(list((ROOT / "notebooks").glob(f"{notebook}_*.ipynb"))) == 1  # the globs the check runs
     assert "--profile '$PROFILE'" in text and "export MINIRL_PROFILE=\"$PROFILE\"" in text
 
@@ -163,10 +163,10 @@ def test_verify_passes_on_this_environment_for_a_package_it_has(tmp_path):
 
 
 # --- the summary, on synthetic results ---------------------------------------------------------------------------
-def write_results(work: Path, nb02_status: str) -> None:
+def write_results(work: Path, nb03_status: str) -> None:
     rows = [("install", "ok", 9.5, 29), ("imports", "ok", 6.0, 40), ("bench", "ok", 20.0, 80),
-            ("warm_start", "ok", 50.0, 140), ("train", "ok", 61.2, 210), ("nb02", nb02_status, 70.0, 85),
-            ("nb05", "ok", 40.0, 120)]
+            ("warm_start", "ok", 50.0, 140), ("train", "ok", 61.2, 210), ("nb03", nb03_status, 70.0, 85),
+            ("nb07", "ok", 40.0, 120)]
     (work / "parts.tsv").write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
     (work / "env.json").write_text(json.dumps({"python": "3.12.3", "device": "NVIDIA H200"}))
     seconds = {"generate": 0.1, "logprob_forwards": 0.02, "train_forward": 0.01, "backward": 0.02,
@@ -182,7 +182,7 @@ def write_results(work: Path, nb02_status: str) -> None:
     (work / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
         {"step": 0, "eval_accuracy": 0.4}, {"step": 1, "time": 0.3}, {"step": 2, "time": 0.5},
         {"step": 3, "time": 0.4})))
-    (work / "nb05.log").write_text("....\n========== 22 passed, 1 warning in 39.12s ==========\n")
+    (work / "nb07.log").write_text("....\n========== 22 passed, 1 warning in 39.12s ==========\n")
 
 
 @pytest.mark.slow
@@ -194,7 +194,7 @@ def test_the_summary_prints_the_figures_and_passes_when_every_part_did(tmp_path)
     assert "RESULT: PASS: 7 of 7 parts ok" in out
     assert "0.400 +- 0.020 -> 0.600 +- 0.020" in out and "median 0.400 s" in out  # median of 0.3, 0.5, 0.4
     assert "dense seconds (median): generate 0.1000" in out and "peak_memory_mb 1500.0" in out
-    assert "nb05: ok; pytest: 22 passed, 1 warning in 39.12s" in out
+    assert "nb07: ok; pytest: 22 passed, 1 warning in 39.12s" in out
     assert "all parts" in out and "256.7" in out  # 9.5 + 6 + 20 + 50 + 61.2 + 70 + 40
 
 
@@ -203,5 +203,5 @@ def test_the_summary_fails_when_a_part_ran_out_of_time(tmp_path):
     write_results(tmp_path, "TIMEOUT")
     result = run_helper("summary", str(tmp_path))
     assert result.returncode == 1
-    assert "RESULT: FAIL (nb02): 6 of 7 parts ok" in result.stdout
-    assert "nb02: TIMEOUT; pytest: (no closing line)" in result.stdout
+    assert "RESULT: FAIL (nb03): 6 of 7 parts ok" in result.stdout
+    assert "nb03: TIMEOUT; pytest: (no closing line)" in result.stdout

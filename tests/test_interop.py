@@ -533,7 +533,7 @@ def test_batch_layout_splits_each_forward_over_the_launchs_processes():
     assert layout(grpo, 2) == (16, 2, 1)  # 16 x 2 x 2 = 64
     # micro-batches of 8 rows: 4 forwards per optimiser step, each shared by 2 devices: 4 x 2 x (2 x 4) = 64 rows
     assert layout(make_config("grpo", micro_batch_size=8), 2) == (4, 8, 4)  # per step 4 x 2 x 4 = 32 rows
-    # notebook 07's real run: 64 prompts x 16 = 1024 rows, 2 minibatches, 8 GPUs: 64 x 8 x 2 = 1024
+    # notebook 10's real run: 64 prompts x 16 = 1024 rows, 2 minibatches, 8 GPUs: 64 x 8 x 2 = 1024
     real = make_config("grpo", prompts_per_step=64, group_size=16)
     assert layout(real, 8) == (64, 2, 1)
     assert interop.to_trl(real, output_dir="unused", num_processes=8).per_device_train_batch_size == 64

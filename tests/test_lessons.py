@@ -34,19 +34,19 @@ ALLOWED = {
         0.15,  # warm_start.SCREEN_MARGIN: the screen's distance from the target that triggers a full check
     ],
     "01_policy_gradient": [],
-    "01_ppo": [],
-    "02_grpo": [],
-    "03_kl_estimators": [],
-    "04_dapo": [],
-    "05_gspo_moe": [
+    "02_ppo": [],
+    "03_grpo": [],
+    "04_kl_estimators": [],
+    "05_dapo": [],
+    "07_gspo_moe": [
         0.9997, 1.0004,  # GSPO's sequence clip range 1 - 3e-4, 1 + 4e-4 (Zheng et al. 2025, section 5.1)
     ],
-    "06_preference": [],
-    "07_to_trl": [],
-    "08_sampler_mismatch": [],
-    "09_entropy": [],
-    "10_distillation": [],
-    "11_stale_samplers": [],
+    "08_preference": [],
+    "10_to_trl": [],
+    "11_sampler_mismatch": [],
+    "06_entropy": [],
+    "09_distillation": [],
+    "12_stale_samplers": [],
 }
 
 # A figure: a number with a decimal point (0.358, 2.79, .5, 1.5e-3) or a percentage (27%, 1.9%), signs dropped.
@@ -250,7 +250,7 @@ def test_every_prose_figure_comes_from_an_output_or_a_stored_result(path):
 
 
 
-# What a lesson imports must install with the package and its notebooks extra (issue 35, defect 7: notebook 08 stopped
+# What a lesson imports must install with the package and its notebooks extra (issue 35, defect 7: notebook 11 stopped
 # at "No module named 'trl'" after `pip install -e ".[notebooks]"`). Import name -> distribution, for every third-party
 # module a lesson imports; a new one fails test_every_lesson_import_is_known until it is added here.
 DISTRIBUTION = {"torch": "torch", "transformers": "transformers", "datasets": "datasets", "numpy": "numpy",
@@ -296,7 +296,7 @@ def test_every_lesson_import_is_known():
     unknown = sorted({f"{p.stem}: {m}" for p in NOTEBOOKS for m in lesson_imports(p)
                       if m not in DISTRIBUTION and m not in LOCAL and m not in sys.stdlib_module_names})
     assert not unknown, f"third-party modules missing from DISTRIBUTION in tests/test_lessons.py: {unknown}"
-    assert "trl" in lesson_imports(ROOT / "notebooks" / "08_sampler_mismatch.ipynb")  # through interop.to_trl
+    assert "trl" in lesson_imports(ROOT / "notebooks" / "11_sampler_mismatch.ipynb")  # through interop.to_trl
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)

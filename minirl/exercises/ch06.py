@@ -1,202 +1,139 @@
-"""Exercises of chapter 06: preference optimisation.
+"""Exercises of chapter 06: entropy (the covariance term that lowers it, and pass@k, the measure of what it costs).
 
 Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
 (``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
 
 from __future__ import annotations
 
-import math
-
 import torch
+from torch import Tensor
 
 from . import _reference as ref
-from ._core import (
-    _case,
-    _exercise,
-    _expect,
-    _grad,
-    _leaf,
-    _loss,
-    _t,
-)
-from .ch00 import MEAN_T, UNMASKED
+from ._core import _case, _exercise, _expect, _expect_raises, _leaf, _Mismatch, _prefix_mask, _t
 
 # ================================================================================================================
-# 06 · preference optimisation
+# 06 · the covariance term: Cov(log pi, A), one term per token
+
+ex = _exercise("token_covariance", "06", "token_covariance(logprobs, advantages, mask) -> (B, T) (advantages (B,))",
+               "minirl.entropy.token_covariance",
+               ("minirl.entropy.token_covariance", "minirl.entropy.clip_cov_mask", "minirl.entropy.kl_cov_mask"))
+COV_ROW = ("both means are over the valid tokens of the whole BATCH, not of each row: within a row every token has "
+           "the same advantage, so row means make every term 0")
+COV_CENTRE = ("centre BOTH factors: (log pi - mean log pi) * (A - mean A); a covariance of uncentred values is the "
+              "mean of a product, not a covariance")
+COV_PAD = ("the means are over the valid tokens only: padding holds garbage (count it and every term moves), and "
+           "the terms outside the mask are 0")
+COV_SEQ_MEAN = ("the advantage's mean is over the valid TOKENS (a sequence's advantage counts once per token, as in "
+                "the loss), not over the sequences")
+COV_SCALAR = ("return one term per token, (B, T): their mean over the valid tokens is the batch covariance, but "
+              "Clip-Cov and KL-Cov select single tokens by their own term")
+COV_GRAD = ("the terms are computed from detached values: they select tokens and are logged, never "
+            "differentiated (a gradient through them would be a new, unintended loss)")
+COV_EMPTY = "a batch with no valid token gives all zeros, not the NaN of a mean over nothing"
+_COV_LP = [[-1.0, -2.0], [-3.0, 9.0]]  # 9.0 sits in padding
+_COV_M = [[1, 1], [1, 0]]
 
 
-ex = _exercise("dpo_loss", "06",
-               "dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *, beta=0.1) -> loss",
-               "minirl.preference.dpo_loss", ("minirl.preference.dpo_loss",))
-BETA_OUTSIDE = ("beta multiplies the margin INSIDE the log-sigmoid (the implicit reward is beta * log(pi / ref)), "
-                "not the loss")
-NO_REF = "the reference model is missing: DPO's margin is between log-RATIOS log pi - log ref"
-REF_ADDED = "the reference log-probs were added: each log-ratio is log pi MINUS log ref"
-BATCH_SUM = "the loss is the MEAN over the pairs of the batch, not the sum"
-NAIVE_LOGSIG = ("log(sigmoid(x)) underflows to log(0) = -inf for a large negative margin: use a numerically stable "
-                "log-sigmoid")
-REF_GRAD = "the gradient reached the reference log-probs: the reference model is frozen, detach its log-probs"
-
-
-def _softplus(x: float) -> float:
-    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
-
-
-@_case(ex, "one pair by hand, beta 0.5", BETA_OUTSIDE)
+@_case(ex, "two rows by hand, garbage in padding", COV_ROW)
 def _(fn, gen):
-    loss = _loss(fn(_t([-10.0]), _t([-12.0]), _t([-12.0]), _t([-11.0]), beta=0.5))
-    # h = (-10 + 12) - (-12 + 11) = 3; -log sigmoid(1.5) = softplus(-1.5) = 0.201413
-    # beta outside: 0.5 * softplus(-3) = 0.024294; no reference: softplus(-0.5 * 2) = 0.313262;
-    # reference added: h = (-10 - 12) - (-12 - 11) = 1 -> softplus(-0.5) = 0.474077
-    _expect(loss, _softplus(-1.5), [(0.5 * _softplus(-3.0), BETA_OUTSIDE), (_softplus(-1.0), NO_REF),
-                                    (_softplus(-0.5), REF_ADDED)], what="the loss")
+    got = fn(_t(_COV_LP), _t([2.0, -1.0]), _t(_COV_M))
+    # valid log-probs (-1, -2, -3), mean -2; advantages per token (2, 2, -1), mean 1:
+    # (1)(1) = 1, (0)(1) = 0, (-1)(-2) = 2. Row means: all 0. A not centred: 2, 0, 1; log pi not centred: -1, -2, 6.
+    # Padding in the means (9 and -1 counted): means 0.75 and 0.5: -2.625, -4.125, 5.625.
+    # A's mean over the 2 sequences (0.5): 1.5, 0, 1.5. The batch covariance, (1 + 0 + 2) / 3 = 1.0, as a scalar
+    _expect(got, [[1.0, 0.0], [2.0, 0.0]],
+            [([[0.0, 0.0], [0.0, 0.0]], COV_ROW), ([[2.0, 0.0], [1.0, 0.0]], COV_CENTRE),
+             ([[-1.0, -2.0], [6.0, 0.0]], COV_CENTRE), ([[-2.625, -4.125], [5.625, 0.0]], COV_PAD),
+             ([[1.5, 0.0], [1.5, 0.0]], COV_SEQ_MEAN), (1.0, COV_SCALAR)], what="the terms")
 
 
-@_case(ex, "one pair, the default beta (0.1)", BETA_OUTSIDE)
+@_case(ex, "the terms carry no gradient", COV_GRAD)
 def _(fn, gen):
-    loss = _loss(fn(_t([-10.0]), _t([-12.0]), _t([-12.0]), _t([-11.0])))
-    # h = 3: -log sigmoid(0.1 * 3) = softplus(-0.3) = 0.554355; beta 0.5: 0.201413; beta outside: 0.1 * 0.048587
-    _expect(loss, _softplus(-0.3), [(_softplus(-1.5), "the default beta is 0.1"),
-                                    (0.1 * _softplus(-3.0), BETA_OUTSIDE)], what="the loss")
+    lp = _leaf(_COV_LP)
+    out = fn(lp, _t([2.0, -1.0]), _t(_COV_M))
+    if isinstance(out, Tensor) and out.requires_grad:
+        raise _Mismatch(COV_GRAD, "the terms require grad")
+    _expect(out, [[1.0, 0.0], [2.0, 0.0]], what="the terms")
 
 
-@_case(ex, "policy equals reference", BATCH_SUM)
+@_case(ex, "a fully masked batch", COV_EMPTY)
 def _(fn, gen):
-    lp = _t([-5.0, -7.0, -9.0])
-    # h = 0 for every pair: -log sigmoid(0) = ln 2 = 0.693147 per pair; the sum over 3 pairs: 2.079442
-    _expect(_loss(fn(lp, lp - 1, lp.clone(), lp - 1)), math.log(2), [(3 * math.log(2), BATCH_SUM)],
-            what="the loss")
+    _expect(fn(_t([[-1.0, -2.0], [-3.0, -4.0]]), _t([1.0, -1.0]), _t([[0, 0], [0, 0]])), [[0.0, 0.0], [0.0, 0.0]])
 
 
-@_case(ex, "gradients by hand; the reference gets none", REF_GRAD)
+@_case(ex, "random batch with padding against the definition", COV_PAD)
 def _(fn, gen):
-    c, r, rc, rr = _leaf([-10.0]), _leaf([-12.0]), _leaf([-12.0]), _leaf([-11.0])
-    loss = _loss(fn(c, r, rc, rr, beta=0.5))
-    gc, gr, grc, grr = _grad(loss, (c, r, rc, rr))
-    # d/dc = -beta * (1 - sigmoid(1.5)) = -0.5 * 0.182426 = -0.091213; d/dr = +0.091213
-    g = 0.5 / (1 + math.exp(1.5))
-    _expect(gc, [-g], what="the gradient in chosen_logps")
-    _expect(gr, [g], what="the gradient in rejected_logps")
-    _expect(torch.cat([grc, grr]), [0.0, 0.0], what="the gradient in the reference log-probs")
+    mask = _prefix_mask([6, 3, 0, 5, 1], 6)
+    lp = -torch.rand(5, 6, generator=gen) * 4
+    adv = torch.randn(5, generator=gen)
+    _expect(fn(lp, adv, mask), ref.token_covariance(lp, adv, mask), what="the terms")
 
 
-@_case(ex, "an extreme margin (beta * h = -200)", NAIVE_LOGSIG)
+# ================================================================================================================
+# 06 · pass@k, the unbiased estimator
+
+ex = _exercise("pass_at_k", "06", "pass_at_k(num_samples, num_correct, k) -> (P,) in [0, 1]",
+               "minirl.entropy.pass_at_k", ("minirl.entropy.pass_at_k", "minirl.entropy.mean_pass_at_k"))
+BIASED = ("1 - (1 - c/n)^k draws k samples WITH replacement (or takes p = c/n as known): a biased estimate of "
+          "pass@k, below the truth (Chen et al. 2021); the k samples are drawn from the n WITHOUT replacement: "
+          "1 - C(n - c, k) / C(n, k)")
+SHARE = "c / n is pass@1 whatever k: pass@k is the chance that at least one of k draws is correct"
+UNION = "k c / n (capped at 1) is the union bound, not the chance that one of k draws is correct"
+COMPLEMENT = "C(n - c, k) / C(n, k) is the chance that all k draws FAIL: pass@k is one minus it"
+ALL_CORRECT = ("when n - c < k every draw of k holds a correct sample: pass@k is exactly 1 (C(n - c, k) = 0), "
+               "not NaN or an error")
+PER_PROBLEM = ("return one value per problem, (P,): the benchmark's pass@k is their mean (mean_pass_at_k), "
+               "another function")
+OVERFLOW = ("C(3000, 400) is about 10^510, beyond float64 (about 10^308): compute the ratio C(n - c, k) / C(n, k) as "
+            "the product prod_{i = n-c+1}^{n} (1 - k / i) (Chen et al.'s stable form), or with exact integers")
+K_TOO_LARGE = ("k > n leaves no draw of k samples: raise ValueError naming k and n (returning 1 there, as the "
+               "'n - c < k' shortcut does when nothing checks k <= n, scores a problem with no correct sample as "
+               "solved)")
+
+
+def _counts(n, c):
+    return torch.tensor(n), torch.tensor(c)
+
+
+@_case(ex, "n = 5, k = 2, by hand", BIASED)
 def _(fn, gen):
-    loss = _loss(fn(_t([-1000.0]), _t([-10.0]), _t([-10.0]), _t([-10.0]), beta=0.2))
-    # h = (-1000 + 10) - (-10 + 10) = -990, beta * h = -198: -log sigmoid(-198) = 198.0 (to float precision)
-    _expect(loss, 198.0, what="the loss", rtol=1e-5)
+    got = fn(*_counts([5, 5, 5, 5], [0, 1, 2, 5]), 2)
+    # 1 - C(5 - c, 2) / C(5, 2) with C(5, 2) = 10: c = 0: 0; c = 1: 1 - 6/10 = 0.4; c = 2: 1 - 3/10 = 0.7; c = 5: 1.
+    # Biased 1 - (1 - c/5)^2: 0, 0.36, 0.64, 1; c / n: 0, 0.2, 0.4, 1; union bound: 0, 0.4, 0.8, 1; no "1 -": 1, 0.6,
+    # 0.3, 0; their mean (the benchmark's pass@2): 0.525
+    _expect(got, [0.0, 0.4, 0.7, 1.0], [([0.0, 0.36, 0.64, 1.0], BIASED), ([0.0, 0.2, 0.4, 1.0], SHARE),
+                                        ([0.0, 0.4, 0.8, 1.0], UNION), ([1.0, 0.6, 0.3, 0.0], COMPLEMENT),
+                                        (0.525, PER_PROBLEM)],
+            what="pass@2")
 
 
-def _pairs(gen, n=6):
-    """Random sequence log-probs of n pairs (policy and reference), leaves so gradients can be compared."""
-    return [(-torch.rand(n, generator=gen) * 20 - 1).requires_grad_(True) for _ in range(4)]
-
-
-def _same_loss_and_grads(got, want, leaves) -> None:
-    _expect(_loss(got), want.detach(), what="the loss")
-    for g, w, what in zip(_grad(_loss(got), tuple(leaves[:2])), torch.autograd.grad(want, leaves[:2]),
-                          ("chosen", "rejected"), strict=True):
-        _expect(g, w, what=f"the gradient in the {what} log-probs")
-
-
-@_case(ex, "random pairs, beta 0.3, against the definition", BETA_OUTSIDE)
+@_case(ex, "n - c < k: every draw holds a correct sample", ALL_CORRECT)
 def _(fn, gen):
-    leaves = _pairs(gen)
-    _same_loss_and_grads(fn(*leaves, beta=0.3), ref.dpo_loss(*leaves, beta=0.3), leaves)
+    # n - c = 1 < k = 3: exactly 1; biased: 1 - (1/4)^3 = 0.984375 and 1 - (1/6)^3 = 0.995370
+    _expect(fn(*_counts([4, 6], [3, 5]), 3), [1.0, 1.0], [([0.984375, 0.995370], BIASED)], what="pass@3")
 
 
-# ------------------------------------------------------------------------------------------------------ ipo_loss
-
-ex = _exercise("ipo_loss", "06",
-               "ipo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *, tau=0.1) -> loss",
-               "minirl.preference.ipo_loss", ("minirl.preference.ipo_loss",))
-IPO_TARGET = "IPO's target margin is 1 / (2 tau), not 1 / tau"
-IPO_SCALED = "IPO regresses the raw log-ratio margin h: no beta or tau multiplies h inside the square"
-
-
-@_case(ex, "policy equals reference, the default tau (0.1)", IPO_TARGET)
+@_case(ex, "k = 1 is the share of correct samples", SHARE)
 def _(fn, gen):
-    lp = _t([-5.0, -7.0])
-    # h = 0: (0 - 1 / (2 * 0.1))^2 = 25 per pair; target 1 / tau: 100
-    _expect(_loss(fn(lp, lp.clone(), lp.clone(), lp.clone())), 25.0, [(100.0, IPO_TARGET)], what="the loss")
+    _expect(fn(*_counts([10, 7, 3], [3, 0, 3]), 1), [0.3, 0.0, 1.0], what="pass@1")  # c / n
 
 
-@_case(ex, "two pairs by hand, tau = 1/6", IPO_TARGET)
+@_case(ex, "n = 3000, k = 400: binomials beyond float64", OVERFLOW)
 def _(fn, gen):
-    loss = _loss(fn(_t([-10.0, -5.0]), _t([-12.0, -6.0]), _t([-12.0, -5.0]), _t([-11.0, -6.0]), tau=1 / 6))
-    # h = (-10 + 12) - (-12 + 11) = 3 and (-5 + 5) - (-6 + 6) = 0; target 1 / (2 tau) = 3
-    # loss ((3 - 3)^2 + (0 - 3)^2) / 2 = 4.5; target 1/tau = 6: (9 + 36) / 2 = 22.5
-    # no reference: h = 2 and 1 -> (1 + 4) / 2 = 2.5; tau * h: ((0.5 - 3)^2 + 9) / 2 = 7.625; sum: 9
-    _expect(loss, 4.5, [(22.5, IPO_TARGET), (2.5, NO_REF), (7.625, IPO_SCALED), (9.0, BATCH_SUM)], what="the loss")
+    # c = 1: k / n = 0.133333 exactly; c = 2: 0.248927; c = 5: 0.511305 (biased: 0.124846, 0.234140, 0.486868)
+    _expect(fn(*_counts([3000, 3000, 3000], [1, 2, 5]), 400), [400 / 3000, 0.248927, 0.511305],
+            [([0.124846, 0.234140, 0.486868], BIASED)], what="pass@400")
 
 
-@_case(ex, "gradients by hand; the reference gets none", REF_GRAD)
+@_case(ex, "k larger than n", K_TOO_LARGE)
 def _(fn, gen):
-    c, r, rc, rr = _leaf([-10.0, -5.0]), _leaf([-12.0, -6.0]), _leaf([-12.0, -5.0]), _leaf([-11.0, -6.0])
-    gc, gr, grc, grr = _grad(_loss(fn(c, r, rc, rr, tau=1 / 6)), (c, r, rc, rr))
-    # d/dc_i = 2 (h_i - 3) / 2 = (0, -3); d/dr_i = (0, 3)
-    _expect(gc, [0.0, -3.0], what="the gradient in chosen_logps")
-    _expect(gr, [0.0, 3.0], what="the gradient in rejected_logps")
-    _expect(torch.cat([grc, grr]), [0.0] * 4, what="the gradient in the reference log-probs")
+    _expect_raises(lambda: fn(*_counts([5, 3], [2, 0]), 4), ValueError, None)  # k = 4 > n = 3, nothing correct
 
 
-@_case(ex, "random pairs, tau 0.25, against the definition", IPO_TARGET)
+@_case(ex, "random problems against the definition", BIASED)
 def _(fn, gen):
-    leaves = _pairs(gen)
-    _same_loss_and_grads(fn(*leaves, tau=0.25), ref.ipo_loss(*leaves, tau=0.25), leaves)
-
-
-# ------------------------------------------------------------------------------------------ simpo_loss (tokens)
-
-ex = _exercise("simpo_loss_from_tokens", "06",
-               "simpo_loss_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejected_mask, *, beta=2.0, "
-               "gamma=1.0) -> loss", "minirl.rollout.sequence_logprobs(..., 'mean') + minirl.preference.simpo_loss",
-               ("minirl.preference.simpo_loss", "minirl.rollout.sequence_logprobs"))
-SIMPO_SUM = ("SimPO with sum instead of mean: its reward is the AVERAGE token log-prob (length-normalised); a sum "
-             "favours short completions")
-SIMPO_GAMMA = ("gamma is SimPO's absolute margin (paper eq. 6): beta * (c - r) - gamma; subtracting gamma inside "
-               "the beta makes it gamma * beta (TRL's gamma_beta_ratio is gamma / beta)")
-SIMPO_GAMMA_SIGN = "the margin gamma is SUBTRACTED: the reward gap has to exceed it"
-_SC, _SCM = [[-1.0, -1.0, -1.0, -1.0]], [[1, 1, 1, 1]]
-_SR, _SRM = [[-2.0, -2.0, -2.0, -7.0]], [[1, 1, 1, 0]]  # -7 sits in padding
-
-
-@_case(ex, "one pair by hand, beta 2, gamma 0.5", SIMPO_SUM)
-def _(fn, gen):
-    loss = _loss(fn(_t(_SC), _t(_SCM), _t(_SR), _t(_SRM), beta=2.0, gamma=0.5))
-    # means -1 and -2: 2 * (-1 + 2) - 0.5 = 1.5 -> softplus(-1.5) = 0.201413
-    # sums -4 and -6: 2 * 2 - 0.5 = 3.5 -> 0.029750; over T = 4: -1 and -1.5: 2 * 0.5 - 0.5 = 0.5 -> 0.474077
-    # 2 * (1 - 0.5) = 1 -> 0.313262; gamma added: 2.5 -> 0.078889; padding counted: -13/4: 2 * 2.25 - 0.5 = 4
-    _expect(loss, _softplus(-1.5), [(_softplus(-3.5), SIMPO_SUM), (_softplus(-0.5), MEAN_T),
-                                    (_softplus(-1.0), SIMPO_GAMMA), (_softplus(-2.5), SIMPO_GAMMA_SIGN),
-                                    (_softplus(-4.0), UNMASKED)], what="the loss")
-
-
-@_case(ex, "gradients by hand", SIMPO_SUM)
-def _(fn, gen):
-    c, r = _leaf(_SC), _leaf(_SR)
-    gc, gr = _grad(_loss(fn(c, _t(_SCM), r, _t(_SRM), beta=2.0, gamma=0.5)), (c, r))
-    # d/d chosen token = -beta * (1 - sigmoid(1.5)) / 4 = -0.091213; rejected: +2 * 0.182426 / 3 = 0.121617
-    q = 1 / (1 + math.exp(1.5))
-    _expect(gc, [[-2 * q / 4] * 4], what="the gradient in chosen_logprobs")
-    _expect(gr, [[2 * q / 3] * 3 + [0.0]], what="the gradient in rejected_logprobs")
-
-
-@_case(ex, "an extreme margin", NAIVE_LOGSIG)
-def _(fn, gen):
-    loss = _loss(fn(_t([[-100.0]]), _t([[1]]), _t([[-1.0]]), _t([[1]])))
-    # the defaults beta 2, gamma 1: 2 * (-100 + 1) - 1 = -199: -log sigmoid(-199) = 199.0
-    _expect(loss, 199.0, what="the loss", rtol=1e-5)
-
-
-@_case(ex, "random pairs with padding, beta 1.5, gamma 0.3, against the definition", SIMPO_SUM)
-def _(fn, gen):
-    c, r = (-torch.rand(4, 6, generator=gen) * 3).requires_grad_(True), (-torch.rand(4, 6, generator=gen) * 3)
-    r.requires_grad_(True)
-    cm = (torch.arange(6) < torch.tensor([6, 2, 4, 1]).unsqueeze(1)).float()
-    rm = (torch.arange(6) < torch.tensor([3, 6, 1, 5]).unsqueeze(1)).float()
-    want = ref.simpo_loss_from_tokens(c, cm, r, rm, beta=1.5, gamma=0.3)
-    got = _loss(fn(c, cm, r, rm, beta=1.5, gamma=0.3))
-    _expect(got, want.detach(), what="the loss")
-    for g, w, what in zip(_grad(got, (c, r)), torch.autograd.grad(want, (c, r)), ("chosen", "rejected"), strict=True):
-        _expect(g, w, what=f"the gradient in the {what} log-probs")
+    n = torch.randint(8, 41, (12,), generator=gen)
+    c = (torch.rand(12, generator=gen) * (n + 1)).long().clamp(max=n)
+    k = int(torch.randint(2, 9, (1,), generator=gen))
+    want = ref.pass_at_k(n, c, k)
+    _expect(fn(n, c, k), want, [(1 - (1 - c / n) ** k, BIASED)], what=f"pass@{k}")

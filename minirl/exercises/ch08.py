@@ -1,180 +1,202 @@
-"""Exercises of chapter 08: when the sampler is not the trainer (the sequence-level importance weight, R3's routes).
+"""Exercises of chapter 08: preference optimisation.
 
 Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
-(``_reference``), never with minirl's function, which refuses to run while a submission is graded."""
+(``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
 
 from __future__ import annotations
 
+import math
+
 import torch
-from torch import Tensor
 
 from . import _reference as ref
-from ._core import _case, _exercise, _expect, _Mismatch, _prefix_mask, _t
+from ._core import (
+    _case,
+    _exercise,
+    _expect,
+    _grad,
+    _leaf,
+    _loss,
+    _t,
+)
+from .ch00 import MEAN_T, UNMASKED
 
 # ================================================================================================================
-# 08 · the sequence-level importance weight (truncated IS over a whole completion)
-
-ex = _exercise("seq_is_weight", "08", "seq_is_weight(old_logprobs, sampler_logprobs, mask, *, cap=2.0, "
-               "form='product') -> (B,) detached weights", "minirl.importance.seq_tis_weights",
-               ("minirl.importance.seq_tis_weights", "minirl.importance.sequence_log_ratio",
-                "minirl.importance.is_weights", "minirl.importance.seq_mis_weights"))
-GEOMEAN = ("this is the geometric mean of the token ratios (form='geomean', GSPO's length-normalised ratio): the "
-           "exact sequence weight pi_old(y) / mu(y) is their PRODUCT, the exp of the SUM of the log-ratios")
-IS_UPSIDE_DOWN = "the weight is upside down: it is pi_old / mu (the trainer's log-probs minus the sampler's)"
-ARITHMETIC = "the arithmetic mean of the token ratios is no sequence weight: sum the log-ratios, then exp"
-MIS_NOT_TIS = ("a weight above the cap is truncated TO the cap (TIS); setting it to 0 is masked IS (MIS), another "
-               "correction")
-NO_CAP = "truncate the weight at cap: min(pi_old(y) / mu(y), cap)"
-PAD_IS = "sum only the valid tokens' log-ratios: the padding holds garbage"
-EMPTY_IS = "a row with no valid token gets weight 1 (an empty product; its geometric mean is not 0 / 0 = NaN)"
-IS_GRAD = ("importance weights are constants: detach them (they reweight the loss of sampled tokens; a gradient "
-           "through them would train the trainer toward the sampler)")
-_OLD = [[-1.0, -1.3, -0.5]]
-_SAMPLER = [[-1.1, -1.0, -1.0]]  # log-ratios 0.1, -0.3, 0.5
+# 08 · preference optimisation
 
 
-@_case(ex, "three tokens by hand, both forms", GEOMEAN)
+ex = _exercise("dpo_loss", "08",
+               "dpo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *, beta=0.1) -> loss",
+               "minirl.preference.dpo_loss", ("minirl.preference.dpo_loss",))
+BETA_OUTSIDE = ("beta multiplies the margin INSIDE the log-sigmoid (the implicit reward is beta * log(pi / ref)), "
+                "not the loss")
+NO_REF = "the reference model is missing: DPO's margin is between log-RATIOS log pi - log ref"
+REF_ADDED = "the reference log-probs were added: each log-ratio is log pi MINUS log ref"
+BATCH_SUM = "the loss is the MEAN over the pairs of the batch, not the sum"
+NAIVE_LOGSIG = ("log(sigmoid(x)) underflows to log(0) = -inf for a large negative margin: use a numerically stable "
+                "log-sigmoid")
+REF_GRAD = "the gradient reached the reference log-probs: the reference model is frozen, detach its log-probs"
+
+
+def _softplus(x: float) -> float:
+    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
+
+
+@_case(ex, "one pair by hand, beta 0.5", BETA_OUTSIDE)
 def _(fn, gen):
-    # product: e^(0.1 - 0.3 + 0.5) = e^0.3 = 1.349859 (below the cap 2); geometric mean e^0.1 = 1.105171;
-    # upside down e^-0.3 = 0.740818; arithmetic mean of the ratios (e^0.1 + e^-0.3 + e^0.5) / 3 = 1.164903
-    _expect(fn(_t(_OLD), _t(_SAMPLER), _t([[1, 1, 1]])), [1.349859],
-            [([1.105171], GEOMEAN), ([0.740818], IS_UPSIDE_DOWN), ([1.164903], ARITHMETIC)], what="the product")
-    _expect(fn(_t(_OLD), _t(_SAMPLER), _t([[1, 1, 1]]), form="geomean"), [1.105171],
-            [([1.349859], "form='geomean' asks for the geometric mean: exp of the MEAN log-ratio")],
-            what="the geometric mean")
+    loss = _loss(fn(_t([-10.0]), _t([-12.0]), _t([-12.0]), _t([-11.0]), beta=0.5))
+    # h = (-10 + 12) - (-12 + 11) = 3; -log sigmoid(1.5) = softplus(-1.5) = 0.201413
+    # beta outside: 0.5 * softplus(-3) = 0.024294; no reference: softplus(-0.5 * 2) = 0.313262;
+    # reference added: h = (-10 - 12) - (-12 - 11) = 1 -> softplus(-0.5) = 0.474077
+    _expect(loss, _softplus(-1.5), [(0.5 * _softplus(-3.0), BETA_OUTSIDE), (_softplus(-1.0), NO_REF),
+                                    (_softplus(-0.5), REF_ADDED)], what="the loss")
 
 
-@_case(ex, "a weight above the cap is truncated", MIS_NOT_TIS)
+@_case(ex, "one pair, the default beta (0.1)", BETA_OUTSIDE)
 def _(fn, gen):
-    old, sampler, m = _t([[-0.5, -0.5, -0.5]]), _t([[-1.0, -1.0, -1.0]]), _t([[1, 1, 1]])
-    # product e^1.5 = 4.481689 > 2 -> 2; masked IS: 0; no cap: 4.481689; geomean e^0.5 = 1.648721 (below 3)
-    _expect(fn(old, sampler, m), [2.0], [([0.0], MIS_NOT_TIS), ([4.481689], NO_CAP)], what="the product")
-    _expect(fn(old, sampler, m, cap=3.0, form="geomean"), [1.648721], what="the geometric mean at cap 3")
+    loss = _loss(fn(_t([-10.0]), _t([-12.0]), _t([-12.0]), _t([-11.0])))
+    # h = 3: -log sigmoid(0.1 * 3) = softplus(-0.3) = 0.554355; beta 0.5: 0.201413; beta outside: 0.1 * 0.048587
+    _expect(loss, _softplus(-0.3), [(_softplus(-1.5), "the default beta is 0.1"),
+                                    (0.1 * _softplus(-3.0), BETA_OUTSIDE)], what="the loss")
 
 
-@_case(ex, "garbage in padding", PAD_IS)
+@_case(ex, "policy equals reference", BATCH_SUM)
 def _(fn, gen):
-    old, sampler = _t([[-1.0, -1.3, -9.0], [-2.0, 0.0, 0.0]]), _t([[-1.1, -1.0, -3.8], [-1.9, 7.0, 7.0]])
-    # row 0: e^(0.1 - 0.3) = 0.818731 (padding: -5.2); row 1: e^-0.1 = 0.904837 (padding: -7, -7)
-    _expect(fn(old, sampler, _t([[1, 1, 0], [1, 0, 0]])), [0.818731, 0.904837],
-            [([0.004517, 0.0], PAD_IS)], what="the weights")
+    lp = _t([-5.0, -7.0, -9.0])
+    # h = 0 for every pair: -log sigmoid(0) = ln 2 = 0.693147 per pair; the sum over 3 pairs: 2.079442
+    _expect(_loss(fn(lp, lp - 1, lp.clone(), lp - 1)), math.log(2), [(3 * math.log(2), BATCH_SUM)],
+            what="the loss")
 
 
-@_case(ex, "a row with no valid token", EMPTY_IS)
+@_case(ex, "gradients by hand; the reference gets none", REF_GRAD)
 def _(fn, gen):
-    old, sampler, m = _t([[-1.0, -1.0], [-1.0, -2.0]]), _t([[-1.0, -1.5], [-3.0, -3.0]]), _t([[1, 1], [0, 0]])
-    # row 0: e^0.5 = 1.648721 (product and geomean e^0.25 = 1.284025); row 1: 1 in both forms
-    _expect(fn(old, sampler, m), [1.648721, 1.0], what="the product")
-    _expect(fn(old, sampler, m, form="geomean"), [1.284025, 1.0], what="the geometric mean")
+    c, r, rc, rr = _leaf([-10.0]), _leaf([-12.0]), _leaf([-12.0]), _leaf([-11.0])
+    loss = _loss(fn(c, r, rc, rr, beta=0.5))
+    gc, gr, grc, grr = _grad(loss, (c, r, rc, rr))
+    # d/dc = -beta * (1 - sigmoid(1.5)) = -0.5 * 0.182426 = -0.091213; d/dr = +0.091213
+    g = 0.5 / (1 + math.exp(1.5))
+    _expect(gc, [-g], what="the gradient in chosen_logps")
+    _expect(gr, [g], what="the gradient in rejected_logps")
+    _expect(torch.cat([grc, grr]), [0.0, 0.0], what="the gradient in the reference log-probs")
 
 
-@_case(ex, "the weights carry no gradient", IS_GRAD)
+@_case(ex, "an extreme margin (beta * h = -200)", NAIVE_LOGSIG)
 def _(fn, gen):
-    old = torch.tensor(_OLD, requires_grad=True)  # the trainer's pi_old, computed with grad by mistake upstream
-    w = fn(old, _t(_SAMPLER), _t([[1, 1, 1]]))
-    if isinstance(w, Tensor) and w.requires_grad:
-        raise _Mismatch(IS_GRAD, "the weights require grad")
-    _expect(w, [1.349859], what="the product")
+    loss = _loss(fn(_t([-1000.0]), _t([-10.0]), _t([-10.0]), _t([-10.0]), beta=0.2))
+    # h = (-1000 + 10) - (-10 + 10) = -990, beta * h = -198: -log sigmoid(-198) = 198.0 (to float precision)
+    _expect(loss, 198.0, what="the loss", rtol=1e-5)
 
 
-@_case(ex, "random rows, both forms and a random cap, against the definition", GEOMEAN)
+def _pairs(gen, n=6):
+    """Random sequence log-probs of n pairs (policy and reference), leaves so gradients can be compared."""
+    return [(-torch.rand(n, generator=gen) * 20 - 1).requires_grad_(True) for _ in range(4)]
+
+
+def _same_loss_and_grads(got, want, leaves) -> None:
+    _expect(_loss(got), want.detach(), what="the loss")
+    for g, w, what in zip(_grad(_loss(got), tuple(leaves[:2])), torch.autograd.grad(want, leaves[:2]),
+                          ("chosen", "rejected"), strict=True):
+        _expect(g, w, what=f"the gradient in the {what} log-probs")
+
+
+@_case(ex, "random pairs, beta 0.3, against the definition", BETA_OUTSIDE)
 def _(fn, gen):
-    mask = _prefix_mask([7, 3, 0, 5, 1], 7)
-    old = -torch.rand(5, 7, generator=gen) * 3
-    sampler = old + 0.3 * torch.randn(5, 7, generator=gen)
-    cap = 1.2 + torch.rand(1, generator=gen).item()
-    for form in ("product", "geomean"):
-        _expect(fn(old, sampler, mask, cap=cap, form=form), ref.seq_is_weight(old, sampler, mask, cap=cap, form=form),
-                what=f"the weights ({form})")
+    leaves = _pairs(gen)
+    _same_loss_and_grads(fn(*leaves, beta=0.3), ref.dpo_loss(*leaves, beta=0.3), leaves)
 
 
-# ================================================================================================================
-# 08 · Rollout Routing Replay (R3): the sampler's routes, aligned with the trainer's forward
+# ------------------------------------------------------------------------------------------------------ ipo_loss
 
-ex = _exercise("align_sampler_routes", "08", "align_sampler_routes(step_indices, batch_size) -> list over layers of "
-               "(B, P + T, k) long", "minirl.rollout.generate (record_sampler_routes=True) with "
-               "minirl.moe.record_routing(along='sequence')", ("minirl.rollout.generate", "minirl.moe.record_routing"))
-LAST_MISSING = ("decoding never feeds the last sampled token, so the decode loop recorded P + T - 1 positions; the "
-                "trainer's forward over prompt + completion has P + T: add one for the last position (repeat the "
-                "one before it: its output predicts nothing the loss reads)")
-SHIFTED = ("a position's experts are those used when that token was the INPUT of a forward (they compute its hidden "
-           "state); the forward that SAMPLED token j had token j - 1 as its input: the routes are shifted by one")
-ROW_ORDER = ("the router flattens a (B, L) forward row by row: token (b, l) is row b * L + l, so reshape to "
-             "(B, L, k), not (L, B, k)")
-NOT_LONG = "expert indices are integers (torch.long): the replayed router gathers with them"
-PER_LAYER = "return one (B, P + T, k) tensor per LAYER (each forward of the decode loop gives one per layer)"
+ex = _exercise("ipo_loss", "08",
+               "ipo_loss(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, *, tau=0.1) -> loss",
+               "minirl.preference.ipo_loss", ("minirl.preference.ipo_loss",))
+IPO_TARGET = "IPO's target margin is 1 / (2 tau), not 1 / tau"
+IPO_SCALED = "IPO regresses the raw log-ratio margin h: no beta or tau multiplies h inside the square"
 
 
-def _steps(B: int, P: int, T: int, k: int, layers: int, E: int, gen) -> list[list[Tensor]]:
-    """What the decode loop's router hooks see: the prefill forward (B * P tokens), then T - 1 one-token forwards,
-    each a list over layers of (tokens, k) expert indices."""
-    lengths = [P] + [1] * (T - 1)
-    return [[torch.randint(0, E, (B * n, k), generator=gen) for _ in range(layers)] for n in lengths]
-
-
-def _check_routes(got, want: list[Tensor], shifted: list[Tensor], transposed: list[Tensor]) -> None:
-    if not isinstance(got, list | tuple):
-        raise _Mismatch(PER_LAYER, f"got a {type(got).__name__}, expected a list of {len(want)} tensors")
-    if len(got) != len(want):
-        raise _Mismatch(PER_LAYER, f"got {len(got)} tensors, expected {len(want)} (one per layer)")
-    for layer, (g, w) in enumerate(zip(got, want, strict=True)):
-        if not isinstance(g, Tensor):
-            raise _Mismatch(PER_LAYER, f"layer {layer}: got a {type(g).__name__}")
-        if g.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            raise _Mismatch(NOT_LONG, f"layer {layer}: dtype {g.dtype}")
-        if g.shape[:1] + g.shape[2:] == w.shape[:1] + w.shape[2:] and g.shape[1] == w.shape[1] - 1:
-            raise _Mismatch(LAST_MISSING, f"layer {layer}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
-        if g.shape != w.shape:
-            raise _Mismatch(None, f"layer {layer}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
-        body = g[:, :-1]  # every position the decode loop fed; the last one may hold any valid experts
-        if torch.equal(body, w[:, :-1]):
-            continue
-        if torch.equal(body, shifted[layer][:, :-1]):
-            raise _Mismatch(SHIFTED, f"layer {layer}")
-        if torch.equal(body, transposed[layer][:, :-1]):
-            raise _Mismatch(ROW_ORDER, f"layer {layer}")
-        raise _Mismatch(None, f"layer {layer}: the experts differ from the sampler's at some fed position")
-
-
-def _variants(steps, B):
-    """The right alignment, the one shifted by one position, and the one that reads tokens as (L, B)."""
-    want = ref.align_sampler_routes(steps, B)
-    shifted = [torch.cat([w[:, :1], w[:, :-1]], dim=1) for w in want]
-    transposed = []
-    for layer in range(len(steps[0])):
-        parts = [s[layer].reshape(-1, B, s[layer].shape[-1]).transpose(0, 1) for s in steps]
-        r = torch.cat(parts, dim=1)
-        transposed.append(torch.cat([r, r[:, -1:]], dim=1))
-    return want, shifted, transposed
-
-
-@_case(ex, "one layer, k = 1, by hand", LAST_MISSING)
+@_case(ex, "policy equals reference, the default tau (0.1)", IPO_TARGET)
 def _(fn, gen):
-    # B = 2, P = 2, T = 3: the prefill routes 4 tokens (row 0: experts 5, 6; row 1: 7, 8), then two decode steps
-    steps = [[_t([[5], [6], [7], [8]]).long()], [_t([[1], [2]]).long()], [_t([[3], [4]]).long()]]
-    got = fn(steps, 2)
-    # positions 0..3 fed: row 0 -> 5, 6, 1, 3 and row 1 -> 7, 8, 2, 4; position 4 (never fed) repeats position 3
-    want = [_t([[[5], [6], [1], [3], [3]], [[7], [8], [2], [4], [4]]]).long()]
-    shifted = [_t([[[5], [5], [6], [1], [3]], [[7], [7], [8], [2], [4]]]).long()]
-    transposed = [_t([[[5], [7], [1], [3], [3]], [[6], [8], [2], [4], [4]]]).long()]
-    _check_routes(got, want, shifted, transposed)
+    lp = _t([-5.0, -7.0])
+    # h = 0: (0 - 1 / (2 * 0.1))^2 = 25 per pair; target 1 / tau: 100
+    _expect(_loss(fn(lp, lp.clone(), lp.clone(), lp.clone())), 25.0, [(100.0, IPO_TARGET)], what="the loss")
 
 
-@_case(ex, "two layers, k = 2, a longer prompt", ROW_ORDER)
+@_case(ex, "two pairs by hand, tau = 1/6", IPO_TARGET)
 def _(fn, gen):
-    steps = _steps(3, 4, 5, 2, 2, 8, gen)
-    _check_routes(fn(steps, 3), *_variants(steps, 3))
+    loss = _loss(fn(_t([-10.0, -5.0]), _t([-12.0, -6.0]), _t([-12.0, -5.0]), _t([-11.0, -6.0]), tau=1 / 6))
+    # h = (-10 + 12) - (-12 + 11) = 3 and (-5 + 5) - (-6 + 6) = 0; target 1 / (2 tau) = 3
+    # loss ((3 - 3)^2 + (0 - 3)^2) / 2 = 4.5; target 1/tau = 6: (9 + 36) / 2 = 22.5
+    # no reference: h = 2 and 1 -> (1 + 4) / 2 = 2.5; tau * h: ((0.5 - 3)^2 + 9) / 2 = 7.625; sum: 9
+    _expect(loss, 4.5, [(22.5, IPO_TARGET), (2.5, NO_REF), (7.625, IPO_SCALED), (9.0, BATCH_SUM)], what="the loss")
 
 
-@_case(ex, "one token sampled: only the prefill", LAST_MISSING)
+@_case(ex, "gradients by hand; the reference gets none", REF_GRAD)
 def _(fn, gen):
-    steps = _steps(2, 3, 1, 2, 1, 6, gen)
-    _check_routes(fn(steps, 2), *_variants(steps, 2))
+    c, r, rc, rr = _leaf([-10.0, -5.0]), _leaf([-12.0, -6.0]), _leaf([-12.0, -5.0]), _leaf([-11.0, -6.0])
+    gc, gr, grc, grr = _grad(_loss(fn(c, r, rc, rr, tau=1 / 6)), (c, r, rc, rr))
+    # d/dc_i = 2 (h_i - 3) / 2 = (0, -3); d/dr_i = (0, 3)
+    _expect(gc, [0.0, -3.0], what="the gradient in chosen_logps")
+    _expect(gr, [0.0, 3.0], what="the gradient in rejected_logps")
+    _expect(torch.cat([grc, grr]), [0.0] * 4, what="the gradient in the reference log-probs")
 
 
-@_case(ex, "random shapes against the definition", SHIFTED)
+@_case(ex, "random pairs, tau 0.25, against the definition", IPO_TARGET)
 def _(fn, gen):
-    B, P, T, k, layers = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in
-                          ((1, 5), (2, 7), (2, 9), (1, 3), (1, 4)))
-    steps = _steps(B, P, T, k, layers, 8, gen)
-    _check_routes(fn(steps, B), *_variants(steps, B))
+    leaves = _pairs(gen)
+    _same_loss_and_grads(fn(*leaves, tau=0.25), ref.ipo_loss(*leaves, tau=0.25), leaves)
+
+
+# ------------------------------------------------------------------------------------------ simpo_loss (tokens)
+
+ex = _exercise("simpo_loss_from_tokens", "08",
+               "simpo_loss_from_tokens(chosen_logprobs, chosen_mask, rejected_logprobs, rejected_mask, *, beta=2.0, "
+               "gamma=1.0) -> loss", "minirl.rollout.sequence_logprobs(..., 'mean') + minirl.preference.simpo_loss",
+               ("minirl.preference.simpo_loss", "minirl.rollout.sequence_logprobs"))
+SIMPO_SUM = ("SimPO with sum instead of mean: its reward is the AVERAGE token log-prob (length-normalised); a sum "
+             "favours short completions")
+SIMPO_GAMMA = ("gamma is SimPO's absolute margin (paper eq. 6): beta * (c - r) - gamma; subtracting gamma inside "
+               "the beta makes it gamma * beta (TRL's gamma_beta_ratio is gamma / beta)")
+SIMPO_GAMMA_SIGN = "the margin gamma is SUBTRACTED: the reward gap has to exceed it"
+_SC, _SCM = [[-1.0, -1.0, -1.0, -1.0]], [[1, 1, 1, 1]]
+_SR, _SRM = [[-2.0, -2.0, -2.0, -7.0]], [[1, 1, 1, 0]]  # -7 sits in padding
+
+
+@_case(ex, "one pair by hand, beta 2, gamma 0.5", SIMPO_SUM)
+def _(fn, gen):
+    loss = _loss(fn(_t(_SC), _t(_SCM), _t(_SR), _t(_SRM), beta=2.0, gamma=0.5))
+    # means -1 and -2: 2 * (-1 + 2) - 0.5 = 1.5 -> softplus(-1.5) = 0.201413
+    # sums -4 and -6: 2 * 2 - 0.5 = 3.5 -> 0.029750; over T = 4: -1 and -1.5: 2 * 0.5 - 0.5 = 0.5 -> 0.474077
+    # 2 * (1 - 0.5) = 1 -> 0.313262; gamma added: 2.5 -> 0.078889; padding counted: -13/4: 2 * 2.25 - 0.5 = 4
+    _expect(loss, _softplus(-1.5), [(_softplus(-3.5), SIMPO_SUM), (_softplus(-0.5), MEAN_T),
+                                    (_softplus(-1.0), SIMPO_GAMMA), (_softplus(-2.5), SIMPO_GAMMA_SIGN),
+                                    (_softplus(-4.0), UNMASKED)], what="the loss")
+
+
+@_case(ex, "gradients by hand", SIMPO_SUM)
+def _(fn, gen):
+    c, r = _leaf(_SC), _leaf(_SR)
+    gc, gr = _grad(_loss(fn(c, _t(_SCM), r, _t(_SRM), beta=2.0, gamma=0.5)), (c, r))
+    # d/d chosen token = -beta * (1 - sigmoid(1.5)) / 4 = -0.091213; rejected: +2 * 0.182426 / 3 = 0.121617
+    q = 1 / (1 + math.exp(1.5))
+    _expect(gc, [[-2 * q / 4] * 4], what="the gradient in chosen_logprobs")
+    _expect(gr, [[2 * q / 3] * 3 + [0.0]], what="the gradient in rejected_logprobs")
+
+
+@_case(ex, "an extreme margin", NAIVE_LOGSIG)
+def _(fn, gen):
+    loss = _loss(fn(_t([[-100.0]]), _t([[1]]), _t([[-1.0]]), _t([[1]])))
+    # the defaults beta 2, gamma 1: 2 * (-100 + 1) - 1 = -199: -log sigmoid(-199) = 199.0
+    _expect(loss, 199.0, what="the loss", rtol=1e-5)
+
+
+@_case(ex, "random pairs with padding, beta 1.5, gamma 0.3, against the definition", SIMPO_SUM)
+def _(fn, gen):
+    c, r = (-torch.rand(4, 6, generator=gen) * 3).requires_grad_(True), (-torch.rand(4, 6, generator=gen) * 3)
+    r.requires_grad_(True)
+    cm = (torch.arange(6) < torch.tensor([6, 2, 4, 1]).unsqueeze(1)).float()
+    rm = (torch.arange(6) < torch.tensor([3, 6, 1, 5]).unsqueeze(1)).float()
+    want = ref.simpo_loss_from_tokens(c, cm, r, rm, beta=1.5, gamma=0.3)
+    got = _loss(fn(c, cm, r, rm, beta=1.5, gamma=0.3))
+    _expect(got, want.detach(), what="the loss")
+    for g, w, what in zip(_grad(got, (c, r)), torch.autograd.grad(want, (c, r)), ("chosen", "rejected"), strict=True):
+        _expect(g, w, what=f"the gradient in the {what} log-probs")

@@ -1,139 +1,144 @@
-"""Exercises of chapter 09: entropy (the covariance term that lowers it, and pass@k, the measure of what it costs).
+"""Exercises of chapter 09: on-policy distillation (the sampled reverse-KL reward, the full-vocabulary reverse KL).
 
 Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
 (``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from . import _reference as ref
-from ._core import _case, _exercise, _expect, _expect_raises, _leaf, _Mismatch, _prefix_mask, _t
+from ._core import _case, _exercise, _expect, _expect_finite, _grad, _leaf, _Mismatch, _prefix_mask, _t
 
 # ================================================================================================================
-# 09 · the covariance term: Cov(log pi, A), one term per token
+# 09 · the sampled token's reward: r_t = log q(y_t) - log p(y_t)
 
-ex = _exercise("token_covariance", "09", "token_covariance(logprobs, advantages, mask) -> (B, T) (advantages (B,))",
-               "minirl.entropy.token_covariance",
-               ("minirl.entropy.token_covariance", "minirl.entropy.clip_cov_mask", "minirl.entropy.kl_cov_mask"))
-COV_ROW = ("both means are over the valid tokens of the whole BATCH, not of each row: within a row every token has "
-           "the same advantage, so row means make every term 0")
-COV_CENTRE = ("centre BOTH factors: (log pi - mean log pi) * (A - mean A); a covariance of uncentred values is the "
-              "mean of a product, not a covariance")
-COV_PAD = ("the means are over the valid tokens only: padding holds garbage (count it and every term moves), and "
-           "the terms outside the mask are 0")
-COV_SEQ_MEAN = ("the advantage's mean is over the valid TOKENS (a sequence's advantage counts once per token, as in "
-                "the loss), not over the sequences")
-COV_SCALAR = ("return one term per token, (B, T): their mean over the valid tokens is the batch covariance, but "
-              "Clip-Cov and KL-Cov select single tokens by their own term")
-COV_GRAD = ("the terms are computed from detached values: they select tokens and are logged, never "
-            "differentiated (a gradient through them would be a new, unintended loss)")
-COV_EMPTY = "a batch with no valid token gives all zeros, not the NaN of a mean over nothing"
-_COV_LP = [[-1.0, -2.0], [-3.0, 9.0]]  # 9.0 sits in padding
-_COV_M = [[1, 1], [1, 0]]
+ex = _exercise("reverse_kl_reward", "09", "reverse_kl_reward(logprobs, teacher_logprobs, mask) -> (B, T) detached",
+               "minirl.distill.reverse_kl_reward", ("minirl.distill.reverse_kl_reward", "minirl.distill.mixed_reward"))
+KL_SIGN = ("the reward is MINUS the student's log-ratio, log q(y_t) - log p(y_t): log p - log q is the KL estimate "
+           "itself, a penalty; as a reward it would push the student AWAY from the teacher")
+K3_REWARD = ("k3 is an estimate of the KL to put in a LOSS; per sampled token, the reward whose sum is -KL(p || q) "
+             "over the sequence is k1's negative, log q - log p (notebook 04: k3 in the reward gives the wrong KL)")
+PROMPT = ("only the completion's tokens were sampled by the student: positions outside the mask (the prompt, and "
+          "padding) get no reward; a KL summed over the prompt grades tokens the student never chose")
+REWARD_GRAD = ("a reward carries no gradient: detach it (the student's log-prob is differentiated only in the "
+               "policy-gradient loss that uses the reward)")
+TEACHER_GRAD = ("the teacher's log-probs were not detached: the teacher is graded against, never trained (a gradient "
+                "into it would move the teacher toward the student)")
 
 
-@_case(ex, "two rows by hand, garbage in padding", COV_ROW)
+@_case(ex, "three tokens by hand, garbage in padding", KL_SIGN)
 def _(fn, gen):
-    got = fn(_t(_COV_LP), _t([2.0, -1.0]), _t(_COV_M))
-    # valid log-probs (-1, -2, -3), mean -2; advantages per token (2, 2, -1), mean 1:
-    # (1)(1) = 1, (0)(1) = 0, (-1)(-2) = 2. Row means: all 0. A not centred: 2, 0, 1; log pi not centred: -1, -2, 6.
-    # Padding in the means (9 and -1 counted): means 0.75 and 0.5: -2.625, -4.125, 5.625.
-    # A's mean over the 2 sequences (0.5): 1.5, 0, 1.5. The batch covariance, (1 + 0 + 2) / 3 = 1.0, as a scalar
-    _expect(got, [[1.0, 0.0], [2.0, 0.0]],
-            [([[0.0, 0.0], [0.0, 0.0]], COV_ROW), ([[2.0, 0.0], [1.0, 0.0]], COV_CENTRE),
-             ([[-1.0, -2.0], [6.0, 0.0]], COV_CENTRE), ([[-2.625, -4.125], [5.625, 0.0]], COV_PAD),
-             ([[1.5, 0.0], [1.5, 0.0]], COV_SEQ_MEAN), (1.0, COV_SCALAR)], what="the terms")
+    got = fn(_t([[-1.0, -2.0, 3.0]]), _t([[-1.5, -1.0, -7.0]]), _t([[1, 1, 0]]))
+    # log q - log p = (-0.5, 1.0) and 0 in padding. Sign flipped: (0.5, -1.0, 0). -k3 of log(q / p):
+    # -(e^-0.5 - 1 + 0.5, e - 1 - 1) = (-0.106531, -0.718282); padding not masked: -10 there
+    _expect(got, [[-0.5, 1.0, 0.0]], [([[0.5, -1.0, 0.0]], KL_SIGN), ([[-0.106531, -0.718282, 0.0]], K3_REWARD),
+                                      ([[0.106531, 0.718282, 0.0]], K3_REWARD), ([[-0.5, 1.0, -10.0]], PROMPT)],
+            what="the rewards")
 
 
-@_case(ex, "the terms carry no gradient", COV_GRAD)
+@_case(ex, "the prompt's positions (mask 0) get no reward", PROMPT)
 def _(fn, gen):
-    lp = _leaf(_COV_LP)
-    out = fn(lp, _t([2.0, -1.0]), _t(_COV_M))
+    # positions of prompt + completion, as one forward over the whole sequence gives them; the mask marks the
+    # completion. Completion: (-1.5 + 1, -1 + 2) = (-0.5, 1.0); graded over the prompt too: 0.1 and 0.4 there
+    got = fn(_t([[-0.2, -0.7, -1.0, -2.0]]), _t([[-0.1, -0.3, -1.5, -1.0]]), _t([[0, 0, 1, 1]]))
+    _expect(got, [[0.0, 0.0, -0.5, 1.0]], [([[0.1, 0.4, -0.5, 1.0]], PROMPT)], what="the rewards")
+
+
+@_case(ex, "the rewards carry no gradient, into the student or the teacher", REWARD_GRAD)
+def _(fn, gen):
+    lp, teacher = _leaf([[-1.0, -2.0]]), _leaf([[-1.5, -1.0]])  # both computed with grad upstream, by mistake
+    out = fn(lp, teacher, _t([[1, 1]]))
     if isinstance(out, Tensor) and out.requires_grad:
-        raise _Mismatch(COV_GRAD, "the terms require grad")
-    _expect(out, [[1.0, 0.0], [2.0, 0.0]], what="the terms")
+        g_student, g_teacher = _grad(out, (lp, teacher))
+        raise _Mismatch(TEACHER_GRAD if g_student.abs().sum() == 0 else REWARD_GRAD, "the rewards require grad")
+    _expect(out, [[-0.5, 1.0]], what="the rewards")
 
 
-@_case(ex, "a fully masked batch", COV_EMPTY)
+@_case(ex, "random batch with padding against the definition", PROMPT)
 def _(fn, gen):
-    _expect(fn(_t([[-1.0, -2.0], [-3.0, -4.0]]), _t([1.0, -1.0]), _t([[0, 0], [0, 0]])), [[0.0, 0.0], [0.0, 0.0]])
-
-
-@_case(ex, "random batch with padding against the definition", COV_PAD)
-def _(fn, gen):
-    mask = _prefix_mask([6, 3, 0, 5, 1], 6)
-    lp = -torch.rand(5, 6, generator=gen) * 4
-    adv = torch.randn(5, generator=gen)
-    _expect(fn(lp, adv, mask), ref.token_covariance(lp, adv, mask), what="the terms")
+    mask = _prefix_mask([6, 2, 0, 4], 6)
+    lp, teacher = -torch.rand(4, 6, generator=gen) * 4, -torch.rand(4, 6, generator=gen) * 4
+    _expect(fn(lp, teacher, mask), ref.reverse_kl_reward(lp, teacher, mask), what="the rewards")
 
 
 # ================================================================================================================
-# 09 · pass@k, the unbiased estimator
+# 09 · the whole next-token distribution: KL(p(.|prefix) || q(.|prefix)) at every position
 
-ex = _exercise("pass_at_k", "09", "pass_at_k(num_samples, num_correct, k) -> (P,) in [0, 1]",
-               "minirl.entropy.pass_at_k", ("minirl.entropy.pass_at_k", "minirl.entropy.mean_pass_at_k"))
-BIASED = ("1 - (1 - c/n)^k draws k samples WITH replacement (or takes p = c/n as known): a biased estimate of "
-          "pass@k, below the truth (Chen et al. 2021); the k samples are drawn from the n WITHOUT replacement: "
-          "1 - C(n - c, k) / C(n, k)")
-SHARE = "c / n is pass@1 whatever k: pass@k is the chance that at least one of k draws is correct"
-UNION = "k c / n (capped at 1) is the union bound, not the chance that one of k draws is correct"
-COMPLEMENT = "C(n - c, k) / C(n, k) is the chance that all k draws FAIL: pass@k is one minus it"
-ALL_CORRECT = ("when n - c < k every draw of k holds a correct sample: pass@k is exactly 1 (C(n - c, k) = 0), "
-               "not NaN or an error")
-PER_PROBLEM = ("return one value per problem, (P,): the benchmark's pass@k is their mean (mean_pass_at_k), "
-               "another function")
-OVERFLOW = ("C(3000, 400) is about 10^510, beyond float64 (about 10^308): compute the ratio C(n - c, k) / C(n, k) as "
-            "the product prod_{i = n-c+1}^{n} (1 - k / i) (Chen et al.'s stable form), or with exact integers")
-K_TOO_LARGE = ("k > n leaves no draw of k samples: raise ValueError naming k and n (returning 1 there, as the "
-               "'n - c < k' shortcut does when nothing checks k <= n, scores a problem with no correct sample as "
-               "solved)")
+ex = _exercise("full_reverse_kl", "09", "full_reverse_kl(logits, teacher_logits, mask, *, temperature=1.0) -> (B, T)",
+               "minirl.distill.full_reverse_kl",
+               ("minirl.distill.full_reverse_kl", "minirl.distill.generalized_jsd", "minirl.kl.exact_token_kl"))
+FORWARD = ("this is the FORWARD KL(q || p), sum_v q (log q - log p): GKD's beta = 0, mass-covering; on-policy "
+           "distillation minimises the REVERSE KL(p || q) = sum_v p (log p - log q), weighted by the student")
+LOGITS_AS_LOGPROBS = ("logits are not log-probabilities: normalise both with log_softmax over the vocabulary before "
+                      "the KL")
+TEMPERATURE = ("both distributions are softmax(logits / temperature): the student's and the teacher's (TRL's "
+               "DistillationTrainer does so; scaling only one compares distributions at different temperatures)")
+ZERO_LOG_ZERO = ("a token the student gives probability 0 (logit -inf) adds 0 to the KL: 0 * log 0 is 0, not "
+                 "0 * (-inf) = NaN (and its gradient must stay finite too)")
+_S, _Q = [0.0, 0.0], [0.0, math.log(3)]  # p = (0.5, 0.5), q = (0.25, 0.75)
 
 
-def _counts(n, c):
-    return torch.tensor(n), torch.tensor(c)
-
-
-@_case(ex, "n = 5, k = 2, by hand", BIASED)
+@_case(ex, "two tokens by hand", FORWARD)
 def _(fn, gen):
-    got = fn(*_counts([5, 5, 5, 5], [0, 1, 2, 5]), 2)
-    # 1 - C(5 - c, 2) / C(5, 2) with C(5, 2) = 10: c = 0: 0; c = 1: 1 - 6/10 = 0.4; c = 2: 1 - 3/10 = 0.7; c = 5: 1.
-    # Biased 1 - (1 - c/5)^2: 0, 0.36, 0.64, 1; c / n: 0, 0.2, 0.4, 1; union bound: 0, 0.4, 0.8, 1; no "1 -": 1, 0.6,
-    # 0.3, 0; their mean (the benchmark's pass@2): 0.525
-    _expect(got, [0.0, 0.4, 0.7, 1.0], [([0.0, 0.36, 0.64, 1.0], BIASED), ([0.0, 0.2, 0.4, 1.0], SHARE),
-                                        ([0.0, 0.4, 0.8, 1.0], UNION), ([1.0, 0.6, 0.3, 0.0], COMPLEMENT),
-                                        (0.525, PER_PROBLEM)],
-            what="pass@2")
+    logits = _leaf([[_S]])
+    out = fn(logits, _t([[_Q]]), _t([[1]]))
+    # 0.5 ln(0.5 / 0.25) + 0.5 ln(0.5 / 0.75) = 0.143841; forward 0.25 ln 0.5 + 0.75 ln 1.5 = 0.130812;
+    # logits as log-probs: 0.5 (0 - 0) + 0.5 (0 - ln 3) = -0.549306
+    _expect(out, [[0.143841]], [([[0.130812]], FORWARD), ([[-0.549306]], LOGITS_AS_LOGPROBS)], what="the KL")
+    # d/d logits = p (log p - log q - KL) = 0.5 * (0.693147 - 0.143841, -0.405465 - 0.143841); forward: p - q
+    _expect(_grad(out, logits), [[[0.274653, -0.274653]]], [([[[0.25, -0.25]]], FORWARD)], what="the gradient")
 
 
-@_case(ex, "n - c < k: every draw holds a correct sample", ALL_CORRECT)
+@_case(ex, "the teacher gets no gradient", TEACHER_GRAD)
 def _(fn, gen):
-    # n - c = 1 < k = 3: exactly 1; biased: 1 - (1/4)^3 = 0.984375 and 1 - (1/6)^3 = 0.995370
-    _expect(fn(*_counts([4, 6], [3, 5]), 3), [1.0, 1.0], [([0.984375, 0.995370], BIASED)], what="pass@3")
+    logits, teacher = _leaf([[_S]]), _leaf([[_Q]])
+    g_student, g_teacher = _grad(fn(logits, teacher, _t([[1]])), (logits, teacher))
+    if g_teacher.abs().sum() > 0:
+        raise _Mismatch(TEACHER_GRAD, f"the teacher's logits got a gradient {g_teacher.flatten().tolist()}")
+    _expect(g_student, [[[0.274653, -0.274653]]], what="the student's gradient")
 
 
-@_case(ex, "k = 1 is the share of correct samples", SHARE)
+@_case(ex, "prompt and padding positions (mask 0) hold logits", PROMPT)
 def _(fn, gen):
-    _expect(fn(*_counts([10, 7, 3], [3, 0, 3]), 1), [0.3, 0.0, 1.0], what="pass@1")  # c / n
+    logits = _t([[[1.0, -1.0], _S, [50.0, -50.0]]])  # a prompt position, the completion's token, padding
+    teacher = _t([[[0.0, 0.0], _Q, [-50.0, 50.0]]])
+    # the completion position only: 0.143841; over the prompt too: KL(softmax(1, -1) || (0.5, 0.5)) = 0.327813,
+    # and about 100 nats in padding
+    _expect(fn(logits, teacher, _t([[0, 1, 0]])), [[0.0, 0.143841, 0.0]],
+            [(ref.full_reverse_kl(logits, teacher, _t([[1, 1, 1]])), PROMPT),
+             ([[0.327813, 0.143841, 0.0]], PROMPT)], what="the KL")
 
 
-@_case(ex, "n = 3000, k = 400: binomials beyond float64", OVERFLOW)
+@_case(ex, "temperature 2: both distributions", TEMPERATURE)
 def _(fn, gen):
-    # c = 1: k / n = 0.133333 exactly; c = 2: 0.248927; c = 5: 0.511305 (biased: 0.124846, 0.234140, 0.486868)
-    _expect(fn(*_counts([3000, 3000, 3000], [1, 2, 5]), 400), [400 / 3000, 0.248927, 0.511305],
-            [([0.124846, 0.234140, 0.486868], BIASED)], what="pass@400")
+    logits, teacher = _t([[[0.0, 2 * math.log(2)]]]), _t([[[0.0, 2 * math.log(3)]]])
+    # at T = 2: p = (1/3, 2/3), q = (0.25, 0.75): 1/3 ln(4/3) + 2/3 ln(8/9) = 0.017372. Temperature ignored
+    # (p = (0.2, 0.8), q = (0.1, 0.9)): 0.044403; on the student only: 0.201255; on the teacher only: 0.007002
+    _expect(fn(logits, teacher, _t([[1]]), temperature=2.0), [[0.017372]],
+            [([[0.044403]], TEMPERATURE), ([[0.201255]], TEMPERATURE), ([[0.007002]], TEMPERATURE)], what="the KL")
 
 
-@_case(ex, "k larger than n", K_TOO_LARGE)
+@_case(ex, "a token the student never samples (logit -inf)", ZERO_LOG_ZERO)
 def _(fn, gen):
-    _expect_raises(lambda: fn(*_counts([5, 3], [2, 0]), 4), ValueError, None)  # k = 4 > n = 3, nothing correct
+    logits = _leaf([[[0.0, -math.inf, 0.0]]])
+    out = fn(logits, _t([[[0.0, 0.0, math.log(2)]]]), _t([[1]]))
+    # p = (0.5, 0, 0.5), q = (0.25, 0.25, 0.5): 0.5 ln 2 + 0 + 0.5 ln 1 = 0.346574
+    _expect_finite(out, logits, "the KL")
+    _expect(out, [[0.346574]], what="the KL")
 
 
-@_case(ex, "random problems against the definition", BIASED)
+@_case(ex, "random (B, T, V) logits with padding, a random temperature, against the definition", FORWARD)
 def _(fn, gen):
-    n = torch.randint(8, 41, (12,), generator=gen)
-    c = (torch.rand(12, generator=gen) * (n + 1)).long().clamp(max=n)
-    k = int(torch.randint(2, 9, (1,), generator=gen))
-    want = ref.pass_at_k(n, c, k)
-    _expect(fn(n, c, k), want, [(1 - (1 - c / n) ** k, BIASED)], what=f"pass@{k}")
+    mask = _prefix_mask([4, 1, 0], 4)
+    logits = (torch.randn(3, 4, 7, generator=gen) * 2).requires_grad_(True)
+    teacher = torch.randn(3, 4, 7, generator=gen) * 2
+    temperature = 0.5 + float(torch.rand(1, generator=gen))
+    want = ref.full_reverse_kl(logits, teacher, mask, temperature=temperature)
+    out = fn(logits, teacher, mask, temperature=temperature)
+    _expect(out, want.detach(), what="the KL")
+    w = torch.rand(3, 4, generator=gen)
+    _expect(_grad(out, logits, w), torch.autograd.grad((want * w).sum(), logits)[0], what="the gradient")

@@ -1,178 +1,180 @@
-"""Exercises of chapter 11: stale samplers (AReaL's decoupled PPO, DeepSeek-V3.2's off-policy sequence mask).
+"""Exercises of chapter 11: when the sampler is not the trainer (the sequence-level importance weight, R3's routes).
 
 Each case is worked out by hand, or compared on seeded random inputs with the checker's reference copy
-(``_reference``), never with minirl's function, which refuses to run while its exercise is graded."""
+(``_reference``), never with minirl's function, which refuses to run while a submission is graded."""
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from . import _reference as ref
-from ._core import _case, _exercise, _expect, _expect_finite, _grad, _leaf, _prefix_mask, _t
+from ._core import _case, _exercise, _expect, _Mismatch, _prefix_mask, _t
 
 # ================================================================================================================
-# 11 · decoupled PPO: the trust region around the proximal policy, the sampler corrected by a weight
+# 11 · the sequence-level importance weight (truncated IS over a whole completion)
 
-ex = _exercise("decoupled_ppo_terms", "11", "decoupled_ppo_terms(logprobs, prox_logprobs, behaviour_logprobs, "
-               "advantages, mask, *, eps_low=0.2, eps_high=None, weight_cap=None) -> (B, T) (advantages (B,))",
-               "minirl.stale.decoupled_ppo_terms", ("minirl.stale.decoupled_ppo_terms",))
-BEHAVIOUR_CLIP = ("the clip is around the stale BEHAVIOUR policy (r = pi / mu, naive PPO with the sampler as pi_old): "
-                  "a token is clipped for the sampler's staleness before any update and loses its gradient; decoupled "
-                  "PPO clips r = pi / pi_prox and corrects for the sampler with the weight pi_prox / mu")
-NO_WEIGHT = ("the weight pi_prox / mu is missing: the tokens were drawn by the sampler mu, so each term is weighted "
-             "by pi_prox / mu (detached) to average over pi_prox instead")
-WEIGHT_UPSIDE_DOWN = "the weight is pi_prox / mu (the proximal policy over the sampler), not mu / pi_prox"
-MIN_NOT_MAX = ("min instead of max: the sign error of a min / max clip for negative advantages (PPO takes the "
-               "pessimistic MAX of -A r and -A clip(r): with A < 0 and r above 1 + eps_high the unclipped term wins "
-               "and keeps pulling the ratio back)")
-PROX_DETACHED = ("pi_prox is a constant: when it is the very tensor logprobs (the first update after a rollout) the "
-                 "ratio pi / pi_prox must still carry the gradient of pi; detach the proximal log-probs")
-CAP_MASKS = ("a weight above weight_cap MASKS the token (weight 0, AReaL's behav_imp_weight_cap); truncating it to the "
-             "cap is TIS, another correction")
-NO_CAP = "apply weight_cap: a token whose weight pi_prox / mu exceeds it gets weight 0"
-EPS_HIGH_NONE = "eps_high=None means eps_high = eps_low (a symmetric clip), not 'no upper bound'"
-STALE_PAD = ("mask the log-ratios before exp: the padding holds garbage (a 200-nat gap overflows exp to inf, and "
-             "inf * 0 = NaN), and the terms outside the mask are 0")
+ex = _exercise("seq_is_weight", "11", "seq_is_weight(old_logprobs, sampler_logprobs, mask, *, cap=2.0, "
+               "form='product') -> (B,) detached weights", "minirl.importance.seq_tis_weights",
+               ("minirl.importance.seq_tis_weights", "minirl.importance.sequence_log_ratio",
+                "minirl.importance.is_weights", "minirl.importance.seq_mis_weights"))
+GEOMEAN = ("this is the geometric mean of the token ratios (form='geomean', GSPO's length-normalised ratio): the "
+           "exact sequence weight pi_old(y) / mu(y) is their PRODUCT, the exp of the SUM of the log-ratios")
+IS_UPSIDE_DOWN = "the weight is upside down: it is pi_old / mu (the trainer's log-probs minus the sampler's)"
+ARITHMETIC = "the arithmetic mean of the token ratios is no sequence weight: sum the log-ratios, then exp"
+MIS_NOT_TIS = ("a weight above the cap is truncated TO the cap (TIS); setting it to 0 is masked IS (MIS), another "
+               "correction")
+NO_CAP = "truncate the weight at cap: min(pi_old(y) / mu(y), cap)"
+PAD_IS = "sum only the valid tokens' log-ratios: the padding holds garbage"
+EMPTY_IS = "a row with no valid token gets weight 1 (an empty product; its geometric mean is not 0 / 0 = NaN)"
+IS_GRAD = ("importance weights are constants: detach them (they reweight the loss of sampled tokens; a gradient "
+           "through them would train the trainer toward the sampler)")
+_OLD = [[-1.0, -1.3, -0.5]]
+_SAMPLER = [[-1.1, -1.0, -1.0]]  # log-ratios 0.1, -0.3, 0.5
 
 
-def _terms(fn, lp, prox, mu, adv, mask, **settings):
-    return fn(lp, _t(prox) if not isinstance(prox, torch.Tensor) else prox, _t(mu), _t(adv), _t(mask), **settings)
-
-
-@_case(ex, "A > 0, stale by half a nat, by hand", BEHAVIOUR_CLIP)
+@_case(ex, "three tokens by hand, both forms", GEOMEAN)
 def _(fn, gen):
-    lp = _leaf([[-1.0, -0.5]])
-    out = _terms(fn, lp, [[-1.0, -1.0]], [[-1.5, -1.5]], [2.0], [[1, 1]], eps_low=0.2, eps_high=0.2)
-    # weight pi_prox / mu = e^0.5 = 1.648721; r = pi / pi_prox = (1, e^0.5 = 1.6487 > 1.2, clipped):
-    # (-2 * 1.648721, -2 * 1.2 * 1.648721) = (-3.297443, -3.956931), gradient (-3.297443, 0).
-    # Clip around mu (r = pi / mu = e^0.5, e^1, both clipped at 1.2): (-2.4, -2.4), gradient 0 (times the weight:
-    # -3.956931 twice); no weight: (-2, -2.4); weight upside down (e^-0.5): (-1.213061, -1.455674); min instead of
-    # max: (-3.297443, -2 e = -5.436564)
-    _expect(out, [[-3.297443, -3.956931]],
-            [([[-2.4, -2.4]], BEHAVIOUR_CLIP), ([[-3.956931, -3.956931]], BEHAVIOUR_CLIP), ([[-2.0, -2.4]], NO_WEIGHT),
-             ([[-1.213061, -1.455674]], WEIGHT_UPSIDE_DOWN), ([[-3.297443, -5.436564]], MIN_NOT_MAX)], what="the terms")
-    _expect(_grad(out, lp), [[-3.297443, 0.0]], [([[0.0, 0.0]], BEHAVIOUR_CLIP)], what="the gradient")
+    # product: e^(0.1 - 0.3 + 0.5) = e^0.3 = 1.349859 (below the cap 2); geometric mean e^0.1 = 1.105171;
+    # upside down e^-0.3 = 0.740818; arithmetic mean of the ratios (e^0.1 + e^-0.3 + e^0.5) / 3 = 1.164903
+    _expect(fn(_t(_OLD), _t(_SAMPLER), _t([[1, 1, 1]])), [1.349859],
+            [([1.105171], GEOMEAN), ([0.740818], IS_UPSIDE_DOWN), ([1.164903], ARITHMETIC)], what="the product")
+    _expect(fn(_t(_OLD), _t(_SAMPLER), _t([[1, 1, 1]]), form="geomean"), [1.105171],
+            [([1.349859], "form='geomean' asks for the geometric mean: exp of the MEAN log-ratio")],
+            what="the geometric mean")
 
 
-@_case(ex, "A < 0, one ratio above the band and one below", MIN_NOT_MAX)
+@_case(ex, "a weight above the cap is truncated", MIS_NOT_TIS)
 def _(fn, gen):
-    lp = _leaf([[-0.5, -1.5]])
-    out = _terms(fn, lp, [[-1.0, -1.0]], [[-1.2, -1.2]], [-1.0], [[1, 1]], eps_low=0.2, eps_high=0.2)
-    # weight e^0.2 = 1.221403; r = (e^0.5, e^-0.5): max(r, clip(r)) = (1.648721, 0.8): (e^0.7, 0.8 e^0.2) =
-    # (2.013753, 0.977122), gradient (2.013753, 0); min: (1.2 e^0.2, e^-0.3) = (1.465683, 0.740818)
-    _expect(out, [[2.013753, 0.977122]], [([[1.465683, 0.740818]], MIN_NOT_MAX)], what="the terms")
-    _expect(_grad(out, lp), [[2.013753, 0.0]], [([[0.0, 0.740818]], MIN_NOT_MAX)], what="the gradient")
+    old, sampler, m = _t([[-0.5, -0.5, -0.5]]), _t([[-1.0, -1.0, -1.0]]), _t([[1, 1, 1]])
+    # product e^1.5 = 4.481689 > 2 -> 2; masked IS: 0; no cap: 4.481689; geomean e^0.5 = 1.648721 (below 3)
+    _expect(fn(old, sampler, m), [2.0], [([0.0], MIS_NOT_TIS), ([4.481689], NO_CAP)], what="the product")
+    _expect(fn(old, sampler, m, cap=3.0, form="geomean"), [1.648721], what="the geometric mean at cap 3")
 
 
-@_case(ex, "prox_logprobs is the same tensor as logprobs", PROX_DETACHED)
+@_case(ex, "garbage in padding", PAD_IS)
 def _(fn, gen):
-    lp = _leaf([[-1.0, -2.0]])
-    out = _terms(fn, lp, lp, [[-1.5, -2.0]], [1.0], [[1, 1]])
-    # r = 1 with d r / d lp = 1: gradient -A * weight = (-1.648721, -1)
-    _expect(_grad(out, lp, no_grad_hint=PROX_DETACHED), [[-1.648721, -1.0]], [([[0.0, 0.0]], PROX_DETACHED)],
-            what="the gradient")
+    old, sampler = _t([[-1.0, -1.3, -9.0], [-2.0, 0.0, 0.0]]), _t([[-1.1, -1.0, -3.8], [-1.9, 7.0, 7.0]])
+    # row 0: e^(0.1 - 0.3) = 0.818731 (padding: -5.2); row 1: e^-0.1 = 0.904837 (padding: -7, -7)
+    _expect(fn(old, sampler, _t([[1, 1, 0], [1, 0, 0]])), [0.818731, 0.904837],
+            [([0.004517, 0.0], PAD_IS)], what="the weights")
 
 
-@_case(ex, "eps_high 0.28, and the default eps_high (None: eps_low)", EPS_HIGH_NONE)
+@_case(ex, "a row with no valid token", EMPTY_IS)
 def _(fn, gen):
-    # no staleness (weight 1), r = e^0.24 = 1.271249, A = 1: inside [0.8, 1.28] -> -1.271249; by default the band
-    # is [0.8, 1.2] -> -1.2
-    args = ([[-0.76]], [[-1.0]], [[-1.0]], [1.0], [[1]])
-    _expect(_terms(fn, _t(args[0]), *args[1:], eps_high=0.28), [[-1.271249]], what="eps_high 0.28")
-    _expect(_terms(fn, _t(args[0]), *args[1:]), [[-1.2]], [([[-1.271249]], EPS_HIGH_NONE)], what="the default")
+    old, sampler, m = _t([[-1.0, -1.0], [-1.0, -2.0]]), _t([[-1.0, -1.5], [-3.0, -3.0]]), _t([[1, 1], [0, 0]])
+    # row 0: e^0.5 = 1.648721 (product and geomean e^0.25 = 1.284025); row 1: 1 in both forms
+    _expect(fn(old, sampler, m), [1.648721, 1.0], what="the product")
+    _expect(fn(old, sampler, m, form="geomean"), [1.284025, 1.0], what="the geometric mean")
 
 
-@_case(ex, "weight_cap 2: a weight above it masks the token", CAP_MASKS)
+@_case(ex, "the weights carry no gradient", IS_GRAD)
 def _(fn, gen):
-    out = _terms(fn, _t([[-1.0, -1.0]]), [[-1.0, -1.0]], [[-2.0, -1.5]], [1.0], [[1, 1]], weight_cap=2.0)
-    # weights (e = 2.718282 > 2, e^0.5 = 1.648721), r = 1, A = 1: (0, -1.648721); truncated to the cap: (-2, ...);
-    # no cap: (-2.718282, ...)
-    _expect(out, [[0.0, -1.648721]], [([[-2.0, -1.648721]], CAP_MASKS), ([[-2.718282, -1.648721]], NO_CAP)],
-            what="the terms")
+    old = torch.tensor(_OLD, requires_grad=True)  # the trainer's pi_old, computed with grad by mistake upstream
+    w = fn(old, _t(_SAMPLER), _t([[1, 1, 1]]))
+    if isinstance(w, Tensor) and w.requires_grad:
+        raise _Mismatch(IS_GRAD, "the weights require grad")
+    _expect(w, [1.349859], what="the product")
 
 
-@_case(ex, "garbage in padding (a 200-nat gap)", STALE_PAD)
+@_case(ex, "random rows, both forms and a random cap, against the definition", GEOMEAN)
 def _(fn, gen):
-    lp = _leaf([[-1.0, 100.0]])
-    out = _terms(fn, lp, [[-1.0, 0.0]], [[-1.5, -100.0]], [2.0], [[1, 0]])
-    g = _expect_finite(out, lp, "the terms")
-    _expect(out, [[-3.297443, 0.0]], what="the terms")
-    _expect(g, [[-3.297443, 0.0]], what="the gradient")
-
-
-@_case(ex, "random batch, both signs, random clip range, against the definition", BEHAVIOUR_CLIP)
-def _(fn, gen):
-    mask = _prefix_mask([6, 2, 0, 5], 6)
-    lp = (-torch.rand(4, 6, generator=gen) * 2).requires_grad_(True)
-    prox = lp.detach() + 0.3 * torch.randn(4, 6, generator=gen)
-    mu = prox + 0.4 * torch.randn(4, 6, generator=gen)
-    adv = torch.tensor([1.0, -1.0, 0.5, -2.0]) * (1 + torch.rand(4, generator=gen))
-    eps_low, eps_high = (0.1 + 0.2 * torch.rand(2, generator=gen)).tolist()
-    want = ref.decoupled_ppo_terms(lp, prox, mu, adv, mask, eps_low=eps_low, eps_high=eps_high)
-    out = fn(lp, prox, mu, adv, mask, eps_low=eps_low, eps_high=eps_high)
-    _expect(out, want.detach(), what="the terms")
-    w = torch.rand(4, 6, generator=gen)
-    _expect(_grad(out, lp, w), torch.autograd.grad((want * w).sum(), lp)[0], what="the gradient")
+    mask = _prefix_mask([7, 3, 0, 5, 1], 7)
+    old = -torch.rand(5, 7, generator=gen) * 3
+    sampler = old + 0.3 * torch.randn(5, 7, generator=gen)
+    cap = 1.2 + torch.rand(1, generator=gen).item()
+    for form in ("product", "geomean"):
+        _expect(fn(old, sampler, mask, cap=cap, form=form), ref.seq_is_weight(old, sampler, mask, cap=cap, form=form),
+                what=f"the weights ({form})")
 
 
 # ================================================================================================================
-# 11 · DeepSeek-V3.2's off-policy sequence mask
+# 11 · Rollout Routing Replay (R3): the sampler's routes, aligned with the trainer's forward
 
-ex = _exercise("off_policy_sequence_mask", "11", "off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, "
-               "mask, *, threshold) -> (B,) float, 1 keep / 0 drop", "minirl.stale.off_policy_sequence_mask",
-               ("minirl.stale.off_policy_sequence_mask",))
-MASK_DIRECTION = ("the log-ratio is log mu - log pi (the SAMPLER over the current policy): large when the current "
-                  "policy finds the sequence much less likely than the sampler did")
-DROPS_POSITIVE = ("only sequences with a NEGATIVE advantage are dropped: a positive (or zero) advantage is always "
-                  "kept (DeepSeek-V3.2 eq. 9)")
-MASK_SUM = "the mean log-ratio over the sequence's valid tokens (a k1 estimate per token), not their sum"
-MASK_PAD = "average over the row's valid tokens only: padding holds garbage, and the padded length T is not the row's"
-MASK_STRICT = "a sequence exactly at the threshold is kept: drop only when the mean log-ratio is ABOVE it"
-MASK_EMPTY = ("a row with no valid token counts as on-policy (mean log-ratio 0): kept, not the NaN of 0 / 0 (NaN > "
-              "threshold is False, NaN <= threshold is False too)")
+ex = _exercise("align_sampler_routes", "11", "align_sampler_routes(step_indices, batch_size) -> list over layers of "
+               "(B, P + T, k) long", "minirl.rollout.generate (record_sampler_routes=True) with "
+               "minirl.moe.record_routing(along='sequence')", ("minirl.rollout.generate", "minirl.moe.record_routing"))
+LAST_MISSING = ("decoding never feeds the last sampled token, so the decode loop recorded P + T - 1 positions; the "
+                "trainer's forward over prompt + completion has P + T: add one for the last position (repeat the "
+                "one before it: its output predicts nothing the loss reads)")
+SHIFTED = ("a position's experts are those used when that token was the INPUT of a forward (they compute its hidden "
+           "state); the forward that SAMPLED token j had token j - 1 as its input: the routes are shifted by one")
+ROW_ORDER = ("the router flattens a (B, L) forward row by row: token (b, l) is row b * L + l, so reshape to "
+             "(B, L, k), not (L, B, k)")
+NOT_LONG = "expert indices are integers (torch.long): the replayed router gathers with them"
+PER_LAYER = "return one (B, P + T, k) tensor per LAYER (each forward of the decode loop gives one per layer)"
 
 
-@_case(ex, "two sequences with A < 0, by hand", MASK_DIRECTION)
+def _steps(B: int, P: int, T: int, k: int, layers: int, E: int, gen) -> list[list[Tensor]]:
+    """What the decode loop's router hooks see: the prefill forward (B * P tokens), then T - 1 one-token forwards,
+    each a list over layers of (tokens, k) expert indices."""
+    lengths = [P] + [1] * (T - 1)
+    return [[torch.randint(0, E, (B * n, k), generator=gen) for _ in range(layers)] for n in lengths]
+
+
+def _check_routes(got, want: list[Tensor], shifted: list[Tensor], transposed: list[Tensor]) -> None:
+    if not isinstance(got, list | tuple):
+        raise _Mismatch(PER_LAYER, f"got a {type(got).__name__}, expected a list of {len(want)} tensors")
+    if len(got) != len(want):
+        raise _Mismatch(PER_LAYER, f"got {len(got)} tensors, expected {len(want)} (one per layer)")
+    for layer, (g, w) in enumerate(zip(got, want, strict=True)):
+        if not isinstance(g, Tensor):
+            raise _Mismatch(PER_LAYER, f"layer {layer}: got a {type(g).__name__}")
+        if g.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            raise _Mismatch(NOT_LONG, f"layer {layer}: dtype {g.dtype}")
+        if g.shape[:1] + g.shape[2:] == w.shape[:1] + w.shape[2:] and g.shape[1] == w.shape[1] - 1:
+            raise _Mismatch(LAST_MISSING, f"layer {layer}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+        if g.shape != w.shape:
+            raise _Mismatch(None, f"layer {layer}: shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+        body = g[:, :-1]  # every position the decode loop fed; the last one may hold any valid experts
+        if torch.equal(body, w[:, :-1]):
+            continue
+        if torch.equal(body, shifted[layer][:, :-1]):
+            raise _Mismatch(SHIFTED, f"layer {layer}")
+        if torch.equal(body, transposed[layer][:, :-1]):
+            raise _Mismatch(ROW_ORDER, f"layer {layer}")
+        raise _Mismatch(None, f"layer {layer}: the experts differ from the sampler's at some fed position")
+
+
+def _variants(steps, B):
+    """The right alignment, the one shifted by one position, and the one that reads tokens as (L, B)."""
+    want = ref.align_sampler_routes(steps, B)
+    shifted = [torch.cat([w[:, :1], w[:, :-1]], dim=1) for w in want]
+    transposed = []
+    for layer in range(len(steps[0])):
+        parts = [s[layer].reshape(-1, B, s[layer].shape[-1]).transpose(0, 1) for s in steps]
+        r = torch.cat(parts, dim=1)
+        transposed.append(torch.cat([r, r[:, -1:]], dim=1))
+    return want, shifted, transposed
+
+
+@_case(ex, "one layer, k = 1, by hand", LAST_MISSING)
 def _(fn, gen):
-    mu, pi = _t([[-1.0, -2.0], [-1.0, -1.0]]), _t([[-2.0, -3.0], [-1.2, -1.0]])
-    # mean log mu - log pi: row 0 (1 + 1) / 2 = 1.0 > 0.5 -> drop; row 1 (0.2 + 0) / 2 = 0.1 -> keep.
-    # Upside down (log pi - log mu: -1.0, -0.1): both kept
-    _expect(fn(pi, mu, _t([-1.0, -1.0]), _t([[1, 1], [1, 1]]), threshold=0.5), [0.0, 1.0],
-            [([1.0, 1.0], MASK_DIRECTION)], what="the mask")
+    # B = 2, P = 2, T = 3: the prefill routes 4 tokens (row 0: experts 5, 6; row 1: 7, 8), then two decode steps
+    steps = [[_t([[5], [6], [7], [8]]).long()], [_t([[1], [2]]).long()], [_t([[3], [4]]).long()]]
+    got = fn(steps, 2)
+    # positions 0..3 fed: row 0 -> 5, 6, 1, 3 and row 1 -> 7, 8, 2, 4; position 4 (never fed) repeats position 3
+    want = [_t([[[5], [6], [1], [3], [3]], [[7], [8], [2], [4], [4]]]).long()]
+    shifted = [_t([[[5], [5], [6], [1], [3]], [[7], [7], [8], [2], [4]]]).long()]
+    transposed = [_t([[[5], [7], [1], [3], [3]], [[6], [8], [2], [4], [4]]]).long()]
+    _check_routes(got, want, shifted, transposed)
 
 
-@_case(ex, "A >= 0 is always kept", DROPS_POSITIVE)
+@_case(ex, "two layers, k = 2, a longer prompt", ROW_ORDER)
 def _(fn, gen):
-    mu, pi = _t([[-1.0, -2.0], [-1.0, -1.0]]), _t([[-2.0, -3.0], [-1.2, -1.0]])
-    for adv in ([1.0, -1.0], [0.0, -1.0]):  # row 0 is far off-policy but its advantage is not negative
-        _expect(fn(pi, mu, _t(adv), _t([[1, 1], [1, 1]]), threshold=0.5), [1.0, 1.0], [([0.0, 1.0], DROPS_POSITIVE)],
-                what=f"the mask with advantages {adv}")
+    steps = _steps(3, 4, 5, 2, 2, 8, gen)
+    _check_routes(fn(steps, 3), *_variants(steps, 3))
 
 
-@_case(ex, "the mean over each row's valid tokens, garbage in padding", MASK_SUM)
+@_case(ex, "one token sampled: only the prefill", LAST_MISSING)
 def _(fn, gen):
-    mu, pi = _t([[-1.0, -1.0, 5.0], [-1.0, 3.0, 3.0]]), _t([[-1.3, -1.3, -9.0], [-1.9, -4.0, -4.0]])
-    # row 0: (0.3 + 0.3) / 2 = 0.3 -> keep (sum 0.6 -> drop); row 1: 0.9 -> drop (over T = 3: 0.3 -> keep);
-    # padding counted: row 0 (0.3 + 0.3 + 14) / 3 -> drop
-    _expect(fn(pi, mu, _t([-1.0, -1.0]), _t([[1, 1, 0], [1, 0, 0]]), threshold=0.5), [1.0, 0.0],
-            [([0.0, 0.0], MASK_SUM), ([1.0, 1.0], MASK_PAD)], what="the mask")
+    steps = _steps(2, 3, 1, 2, 1, 6, gen)
+    _check_routes(fn(steps, 2), *_variants(steps, 2))
 
 
-@_case(ex, "exactly at the threshold, and an empty row", MASK_STRICT)
+@_case(ex, "random shapes against the definition", SHIFTED)
 def _(fn, gen):
-    # row 0: (0.25 + 0.75) / 2 = 0.5 exactly (binary fractions): kept; row 1 has no valid token: kept
-    got = fn(_t([[-1.25, -1.75], [-9.0, -9.0]]), _t([[-1.0, -1.0], [0.0, 0.0]]), _t([-1.0, -1.0]),
-             _t([[1, 1], [0, 0]]), threshold=0.5)
-    _expect(got, [1.0, 1.0], [([0.0, 1.0], MASK_STRICT), ([1.0, 0.0], MASK_EMPTY), ([0.0, 0.0], MASK_STRICT)],
-            what="the mask")
-
-
-@_case(ex, "random sequences, advantages and threshold, against the definition", DROPS_POSITIVE)
-def _(fn, gen):
-    mask = _prefix_mask([7, 3, 0, 5, 1, 6], 7)
-    pi = -torch.rand(6, 7, generator=gen) * 3
-    mu = pi + 0.6 * torch.randn(6, 7, generator=gen).abs()
-    adv = torch.randn(6, generator=gen)
-    threshold = 0.2 + 0.3 * float(torch.rand(1, generator=gen))
-    _expect(fn(pi, mu, adv, mask, threshold=threshold),
-            ref.off_policy_sequence_mask(pi, mu, adv, mask, threshold=threshold), what="the mask")
+    B, P, T, k, layers = (int(torch.randint(lo, hi, (1,), generator=gen)) for lo, hi in
+                          ((1, 5), (2, 7), (2, 9), (1, 3), (1, 4)))
+    steps = _steps(B, P, T, k, layers, 8, gen)
+    _check_routes(fn(steps, B), *_variants(steps, B))

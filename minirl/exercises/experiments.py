@@ -59,22 +59,22 @@ METRICS = {
 
 EXPERIMENTS = {
     "beta": Experiment(
-        "beta", "01", "Which run ends further from the reference: no KL penalty, or k3 in the loss at beta = 0.5?",
+        "beta", "02", "Which run ends further from the reference: no KL penalty, or k3 in the loss at beta = 0.5?",
         {"beta=0": dict(beta=0.0), "beta=0.5": dict(beta=0.5, kl_estimator="k3", kl_placement="loss")},
         "kl_ref_last5", "larger_arm", ref_model=True),
     "group_size": Experiment(
-        "group_size", "02", "With 64 completions per step, what share of the groups carries no signal (all rewards "
+        "group_size", "03", "With 64 completions per step, what share of the groups carries no signal (all rewards "
         "equal, advantage 0) at G = 2? (Compare it with G = 8.)",
         {"G=2": dict(group_size=2, prompts_per_step=32), "G=8": dict(group_size=8, prompts_per_step=8)},
         "zero_signal_share", "number"),
     "kl_placement": Experiment(
-        "kl_placement", "03", "At the same beta = 0.5, which run ends further from the reference: k1 in the reward "
+        "kl_placement", "04", "At the same beta = 0.5, which run ends further from the reference: k1 in the reward "
         "(PPO's placement) or k3 in the loss (GRPO's)?",
         {"k1 in reward": dict(beta=0.5, kl_estimator="k1", kl_placement="reward"),
          "k3 in loss": dict(beta=0.5, kl_estimator="k3", kl_placement="loss")},
         "kl_ref_last5", "larger_arm", ref_model=True),
     "eps_high": Experiment(
-        "eps_high", "04", "Which run clips more tokens at the upper bound: eps_high = 0.2 or DAPO's 0.28?",
+        "eps_high", "05", "Which run clips more tokens at the upper bound: eps_high = 0.2 or DAPO's 0.28?",
         {"eps_high=0.2": dict(eps_high=0.2), "eps_high=0.28": dict(eps_high=0.28)},
         "clip_frac_high", "larger_arm"),
 }

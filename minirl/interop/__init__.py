@@ -10,7 +10,7 @@ A reader who has understood an algorithm here and wants to train a real model on
 (accelerate / DeepSpeed / FSDP, vLLM generation) or verl (Ray, FSDP / Megatron). ``to_trl`` and ``to_verl`` say,
 switch by switch, what the same run is in those engines; a switch the engine lacks raises ``NotImplementedError``
 naming it, never a silent approximation. ``tests/test_interop.py`` feeds the same inputs to TRL's own loss code and
-to minirl's and checks that the losses and gradients agree to 1e-6; notebook 07 trains with both.
+to minirl's and checks that the losses and gradients agree to 1e-6; notebook 10 trains with both.
 
 Versions: TRL 1.16 (the optional extra ``pip install -e ".[trl]"``; TRL is imported inside the functions, so
 ``import minirl`` works without it); verl 0.9.1 (option names checked against ``verl/trainer/config/*.yaml`` of the

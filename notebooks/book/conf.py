@@ -33,7 +33,7 @@ MATHJAX_PARTS = ["tex-chtml.js", "output/chtml", "input/tex/extensions", "ui", "
 nb_execution_mode = "off"  # the stored outputs are the results
 nb_ipywidgets_js = {}  # no widgets in the lessons; the default would load require.js from a CDN
 myst_enable_extensions = ["dollarmath", "amsmath"]
-myst_heading_anchors = 3  # "02_grpo.ipynb#3-one-grpo-step-written-out" links to the section
+myst_heading_anchors = 3  # "03_grpo.ipynb#3-one-grpo-step-written-out" links to the section
 suppress_warnings = ["myst.header"]  # a notebook may start at "##" after its title cell
 
 smartquotes = False  # docstrings quote switch values ("group"): keep them straight

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 KEY = Path("minirl") / "exercises" / "_reference.py"
 TAG = "exercise-solution"
-WRITTEN_OUT = "pg = torch.maximum(-a * ratio"  # 02's GRPO step writes out what exercise grpo_loss asks for
+WRITTEN_OUT = "pg = torch.maximum(-a * ratio"  # 03's GRPO step writes out what exercise grpo_loss asks for
 PRINTS = re.compile(r"\b(?:source|core)\(")
 
 
@@ -67,7 +67,7 @@ def strip_lesson(nb: dict, names: dict[str, tuple[str, str]]) -> tuple[dict, int
     """The lesson with no cell that shows an exercise's solution; returns (notebook, number of cells changed).
 
     In every code cell a line that prints (``source(...)``, ``core(...)``) an answer function becomes a comment
-    pointing to the exercise, and the cell's outputs are cleared; 02's written-out GRPO step computes its surrogate
+    pointing to the exercise, and the cell's outputs are cleared; 03's written-out GRPO step computes its surrogate
     with minirl's ``policy_loss`` instead. A cell tagged ``exercise-solution`` with nothing left but comments, or
     any cell that would still print an answer (a loop over functions), becomes a markdown pointer whole.
     """
@@ -117,7 +117,7 @@ def _strip_code(src: str, names: dict[str, tuple[str, str]]) -> str:
 
 
 def _grpo_step_through_minirl(text: str) -> str:
-    """02's GRPO step: the written-out clipped surrogate (exercise grpo_loss) replaced by minirl's policy_loss, which
+    """03's GRPO step: the written-out clipped surrogate (exercise grpo_loss) replaced by minirl's policy_loss, which
     computes the same term (the next cell checks the step against rl.train_rl either way)."""
     lines = text.split("\n")
     start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("ratio = torch.exp("))
@@ -125,7 +125,7 @@ def _grpo_step_through_minirl(text: str) -> str:
     indent = lines[start][:len(lines[start]) - len(lines[start].lstrip())]
     n_seq = [line for line in lines[start:end] if line.lstrip().startswith("n_seq = ")]
     body = [f"{indent}# written out in the teacher's copy: the surrogate is exercise grpo_loss "
-            "(exercises/02_grpo.ipynb)",
+            "(exercises/03_grpo.ipynb)",
             *n_seq,
             f"{indent}pg_loss, _ = losses.policy_loss(logprobs, old_logprobs[mb], adv[mb], m, eps_low=cfg.eps_low,",
             f"{indent}                                eps_high=cfg.eps_high, agg=\"seq-mean-token-mean\", "

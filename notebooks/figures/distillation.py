@@ -1,4 +1,4 @@
-"""Draw notebooks/figures/10_distillation.png, the opening diagram of notebooks/10_distillation.ipynb:
+"""Draw notebooks/figures/09_distillation.png, the opening diagram of notebooks/09_distillation.ipynb:
 ``python notebooks/figures/distillation.py`` (matplotlib only; the same picture on every machine).
 
 Three ways to learn from a stronger model or a task, one row each: who samples the completion, and how many numbers
@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyBboxPatch  # noqa: E402
 
-OUT = Path(__file__).with_name("10_distillation.png")
+OUT = Path(__file__).with_name("09_distillation.png")
 TOKENS = list("4+1=5;5+3=9#9")  # a completion of the prompt "4+1+3=", with a slip at 5+3
 ROWS = [  # label, who samples, colour of the sampled tokens, what comes back per token (None: one number at the end)
     ("RL (GRPO)", "student samples", "tab:blue", None, "1 number per completion:\nright or wrong"),

@@ -113,7 +113,7 @@ def grpo_group():
     fig, ax = canvas(10, 3.6)
     title(ax, 10, 3.6, "GRPO: the group of G answers to one prompt is the baseline")
     box(ax, 0.2, 1.5, 1.4, 0.7, "one prompt\n2+1+2+1+2=")
-    rewards = [1, 0, 0, 0]  # notebook 02's worked example: mean 0.25, unbiased std 0.5
+    rewards = [1, 0, 0, 0]  # notebook 03's worked example: mean 0.25, unbiased std 0.5
     mean, std = statistics.mean(rewards), statistics.stdev(rewards)
     adv = [f"{(r - mean) / (std + 1e-4):+.2f}" for r in rewards]
     for i, (r, a) in enumerate(zip(rewards, adv, strict=True)):
@@ -155,7 +155,7 @@ def kl_placements():
 def dapo_changes():
     fig, ax = canvas(10, 4.4)
     title(ax, 10, 4.4, "DAPO's four changes and Dr. GRPO's two, each one switch of GRPO")
-    g = box(ax, 4.1, 1.55, 1.8, 0.8, "GRPO\n(notebook 02)", TRAINED, size=10, weight="bold")
+    g = box(ax, 4.1, 1.55, 1.8, 0.8, "GRPO\n(notebook 03)", TRAINED, size=10, weight="bold")
     dapo = [("clip-higher", "eps_high 0.2 -> 0.28:\nrare tokens may rise more"),
             ("dynamic sampling", "drop groups whose rewards\nare all equal; sample more"),
             ("token-mean", "every token weighs the same,\nwhatever its answer's length"),
@@ -195,7 +195,7 @@ def gspo_moe():
 def dpo_derivation():
     fig, ax = canvas(10, 3.4)
     title(ax, 10, 3.4, "DPO in four lines: from the KL-regularised optimum to a loss on pairs")
-    steps = [("1. the optimum (notebook 03)", r"$\pi^*(y) = \pi_{ref}(y)\, e^{r(y)/\beta} / Z$"),
+    steps = [("1. the optimum (notebook 04)", r"$\pi^*(y) = \pi_{ref}(y)\, e^{r(y)/\beta} / Z$"),
              ("2. solve for the reward", r"$r(y) = \beta \log \frac{\pi^*(y)}{\pi_{ref}(y)} + \beta \log Z$"),
              ("3. Bradley-Terry on a pair", r"$p(y_w \succ y_l) = \sigma(r(y_w) - r(y_l))$" + "\n"
               r"$\beta \log Z$ cancels"),
@@ -244,16 +244,16 @@ def sampler_mismatch():
     box(ax, 0.2, 0.3, 4.4, 1.2, "dense or MoE: re-weight the samples\nTIS: min(pi_old / mu, C)\n"
         "MIS: pi_old / mu inside [C_min, C_max], else 0", RULE, size=8)
     box(ax, 5.2, 0.3, 4.6, 1.2, "MoE only: whose experts does the trainer use?\n"
-        "R2: its own pi_old routes (notebook 05)\nR3: the sampler's routes, recorded at sampling", CRITIC, size=8)
+        "R2: its own pi_old routes (notebook 07)\nR3: the sampler's routes, recorded at sampling", CRITIC, size=8)
     arrow(ax, (7.55, 2.1), (2.4, 1.5), "ratio pi_old / mu", offset=(0, -0.05), rad=0.1)
     arrow(ax, (7.55, 2.1), (7.5, 1.5))
     return fig
 
 
 DIAGRAMS = {"00_task_and_models": task_and_models, "01_policy_gradient": policy_gradient,
-            "01_ppo": ppo_four_models, "02_grpo": grpo_group, "03_kl_estimators": kl_placements,
-            "04_dapo": dapo_changes, "05_gspo_moe": gspo_moe, "06_preference": dpo_derivation,
-            "07_to_trl": to_trl, "08_sampler_mismatch": sampler_mismatch}
+            "02_ppo": ppo_four_models, "03_grpo": grpo_group, "04_kl_estimators": kl_placements,
+            "05_dapo": dapo_changes, "07_gspo_moe": gspo_moe, "08_preference": dpo_derivation,
+            "10_to_trl": to_trl, "11_sampler_mismatch": sampler_mismatch}
 
 
 def main():

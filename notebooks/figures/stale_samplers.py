@@ -1,4 +1,4 @@
-"""Draw notebooks/figures/11_stale_samplers.png, the opening diagram of notebooks/11_stale_samplers.ipynb:
+"""Draw notebooks/figures/12_stale_samplers.png, the opening diagram of notebooks/12_stale_samplers.ipynb:
 ``python notebooks/figures/stale_samplers.py`` (matplotlib only; the same picture on every machine)."""
 
 from pathlib import Path
@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-OUT = Path(__file__).with_name("11_stale_samplers.png")
+OUT = Path(__file__).with_name("12_stale_samplers.png")
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """Label noise over seeds: ``python notebooks/results/preference_noise.py`` writes preference_noise.json.
 
-Notebook 06, section 4, repeated over seeds with a clean-data control: DPO, cDPO (label smoothing 0.3) and IPO
+Notebook 08, section 4, repeated over seeds with a clean-data control: DPO, cDPO (label smoothing 0.3) and IPO
 (tau 0.1, summed log-probs) trained on 64 pairs of the model's own samples, with 0% or 30% of the pairs flipped,
-at 06's settings (60 steps of 16 pairs, lr 1e-4: 15 passes). Every run starts from the shipped cpu warm start
+at 08's settings (60 steps of 16 pairs, lr 1e-4: 15 passes). Every run starts from the shipped cpu warm start
 (seed 0); the seed picks the sampled pairs, the flipped ones, the batch order and the evaluation's samples, exactly
-as 06's SEED does, so 06's live run with SEED = s repeats this file's seed s.
+as 08's SEED does, so 08's live run with SEED = s repeats this file's seed s.
 
 Per arm and seed: the implicit margin h (nats, labelled chosen minus labelled rejected, against the frozen warm
 start) on the clean pairs and on the flip set (the pairs the 30% arm flips; at 0% the same pairs with their true
@@ -29,12 +29,12 @@ from minirl.warm_start import warm_start
 
 SEEDS = (0, 1, 2)
 NOISES = (0.0, 0.3)
-METHODS = {  # 06's NOISE_METHODS
+METHODS = {  # 08's NOISE_METHODS
     "DPO": dict(method="dpo", beta=0.1),
     "cDPO": dict(method="dpo", beta=0.1, label_smoothing=0.3),
     "IPO": dict(method="ipo", tau=0.1, reduction="sum"),
 }
-N_PROMPTS, GROUP_SIZE, MAX_NEW_TOKENS, EVAL_SIZE = 256, 8, 40, 256  # 06's cpu profile
+N_PROMPTS, GROUP_SIZE, MAX_NEW_TOKENS, EVAL_SIZE = 256, 8, 40, 256  # 08's cpu profile
 PAIRS_USED, BATCH, STEPS, LR, EVERY = 64, 16, 60, 1e-4, 10
 UNSEEN = 128  # pairs after the first 64, never trained on
 WEIGHTS: set[str] = set()  # sha256 of the warm start's weights, so a notebook can tell it starts from the same model

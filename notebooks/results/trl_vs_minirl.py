@@ -3,7 +3,7 @@
 Both start from the warm-started tiny model of the cpu profile (``warm_start(profile, seed=0)``, saved with
 ``save_pretrained`` and loaded with ``models.load``), train on the running-sums task with ``to_trl(cfg)`` /
 ``cfg``, the same budget (STEPS rollouts of PROMPTS x G completions, one optimiser step each) and seed, and are
-evaluated on the same held-out prompts. Notebook 07 imports ``run_pair`` from here and reruns one seed live.
+evaluated on the same held-out prompts. Notebook 10 imports ``run_pair`` from here and reruns one seed live.
 
 Command (from the repository root): python notebooks/results/trl_vs_minirl.py
 """

@@ -1,5 +1,5 @@
 """On-policy distillation against RL, over seeds: ``python notebooks/results/distillation/run.py`` writes runs/ and
-comparison.json beside this file (read by notebooks/10_distillation.ipynb; not named summary.json, which marks a
+comparison.json beside this file (read by notebooks/09_distillation.ipynb; not named summary.json, which marks a
 ``python -m minirl sweep`` result).
 
 Every run starts from the shipped cpu warm start (the student, data/warm_start/dense-cpu-s0) and learns from the
