@@ -42,7 +42,7 @@ def main() -> None:
               color="tab:orange", label=r"sampler $\mu = \pi / S$ on the kept set")
     right.axvspan(3.5, 7.6, color="grey", alpha=0.15)
     right.text(4.0, 0.16, "dropped:\nnever sampled", fontsize=9)
-    right.text(0.3, 0.5, rf"kept mass S = {S:.2f}: $\pi / \mu$ = S on every kept token", fontsize=9)
+    right.text(4.0, 0.30, rf"kept mass S = {S:.2f}:" "\n" r"$\pi / \mu$ = S on every" "\n" "kept token", fontsize=9)
     right.set_xticks(list(xs))
     right.set_xlabel("token (sorted by probability)")
     right.set_ylabel("probability")
