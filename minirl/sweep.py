@@ -280,7 +280,8 @@ def run_sweep(spec_path: str | Path, out_dir: str | Path | None = None, progress
     summary.update(command=_command(spec_path, out_dir), commit=_commit(), dirty=_dirty(), run_seconds=seconds,
                    wall_seconds=round(sum(seconds.values()), 1), threads=torch.get_num_threads(),
                    machine=f"{platform.machine()}, {os.cpu_count()} cores", torch=torch.__version__)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    # one line: the curves are most of the stored results, and a device run carries the whole tracked tree (64 MiB)
+    (out / "summary.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     return summary
 
 
