@@ -87,6 +87,61 @@ def source(fn) -> str:
     return text
 
 
+
+def excerpt(fn, *needles: str) -> str:
+    """The lines of a function a lesson teaches: its signature and each statement containing one of ``needles``.
+
+    A statement is kept whole (all its lines); a ``for`` / ``with`` / ``if`` keeps only its header, and the headers
+    around a kept statement are kept too, so the kept lines show where they sit. Each run of left-out lines becomes
+    one ``...`` at its indentation.
+
+    Raises:
+        ValueError: if a needle matches no line (the function changed: the lesson's excerpt must change with it).
+    """
+    import ast
+
+    text = source(fn)
+    lines = text.splitlines()
+    node = ast.parse(text).body[0]
+    first = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+    keep = set(range(first, node.body[0].lineno - 1))  # decorators and the signature, however many lines
+    found = dict.fromkeys(needles, False)
+
+    def header(stmt) -> range:  # a compound statement's header lines; a simple statement's lines
+        body = getattr(stmt, "body", None)
+        return range(stmt.lineno - 1, body[0].lineno - 1 if body else stmt.end_lineno)
+
+    def visit(stmts, outer: list) -> None:
+        for stmt in stmts:
+            span = header(stmt)
+            for needle in needles:
+                if any(needle in lines[i] for i in span):
+                    found[needle] = True
+                    keep.update(span)
+                    for enclosing in outer:
+                        keep.update(header(enclosing))
+            for field in ("body", "orelse", "finalbody"):
+                visit(getattr(stmt, field, []) or [], [*outer, stmt])
+            for handler in getattr(stmt, "handlers", []) or []:
+                visit(handler.body, [*outer, stmt])
+
+    visit(node.body, [])
+    missing = [n for n, hit in found.items() if not hit]
+    if missing:
+        raise ValueError(f"needles: {missing} match no line of {fn.__qualname__}")
+    out, gap = [], None
+    for i, line in enumerate(lines):
+        if i in keep:
+            if gap is not None:
+                out.append(" " * gap + "...")
+                gap = None
+            out.append(line)
+        elif line.strip() and gap is None:
+            gap = len(line) - len(line.lstrip())
+    if gap is not None:
+        out.append(" " * gap + "...")
+    return "\n".join(out)
+
 #: One colour per arm name, the same in every notebook and in ``sweep.plot_metric``; other names get a fixed colour
 #: of their own (from a checksum of the name, so it never depends on the order arms are drawn in).
 PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed, noise 1.0": "tab:orange",
@@ -119,7 +174,47 @@ PALETTE = {"no mismatch": "tab:gray", "naive, noise 1.0": "tab:red", "recomputed
 
 
 def arm_color(arm: str) -> str:
-    """The colour of an arm: ``PALETTE``'s, else one of matplotlib's ten chosen by a checksum of the name."""
+    """The colour of an arm: ``PALETTE``'s, else one of matplotlib's ten chosen by a checksum of the name.
+
+    Two names can get the same colour this way; a figure with several arms uses ``arm_colors``, which never does."""
     import zlib
 
     return PALETTE.get(arm) or f"C{zlib.crc32(arm.encode()) % 10}"
+
+
+#: Colours an arm takes when its own is already used in the same figure: matplotlib's ten, then darker and lighter
+#: shades, so a figure of up to 30 arms has no two alike.
+_SPARE = [f"C{i}" for i in range(10)] + ["navy", "darkred", "darkgreen", "indigo", "saddlebrown", "deeppink",
+                                          "dimgray", "darkkhaki", "teal", "gold", "lightskyblue", "lightsalmon",
+                                          "lightgreen", "plum", "tan", "hotpink", "silver", "khaki", "turquoise",
+                                          "black"]
+
+
+def arm_colors(arms) -> dict[str, str]:
+    """One colour per arm of a figure, no two alike: each arm keeps ``arm_color`` unless an earlier arm has it.
+
+    Arms named in ``PALETTE`` are served first (in the order given), so they keep their colour from notebook to
+    notebook; the others take their checksum colour or, when a figure already uses it, the first unused spare.
+
+    Raises:
+        ValueError: if there are more arms than distinct colours (30).
+    """
+    arms = list(dict.fromkeys(arms))
+    if len(arms) > len(_SPARE):
+        raise ValueError(f"arms: at most {len(_SPARE)} arms in one figure, got {len(arms)}")
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for arm in sorted(arms, key=lambda a: a not in PALETTE):  # stable: palette arms first, order otherwise kept
+        colour = arm_color(arm)
+        if _same(colour, used):
+            colour = next(c for c in _SPARE if not _same(c, used))
+        out[arm] = colour
+        used.add(colour)
+    return {arm: out[arm] for arm in arms}
+
+
+def _same(colour: str, used: set[str]) -> bool:
+    """Whether ``colour`` is already in ``used`` ("C0" and "tab:blue" are the same colour)."""
+    from matplotlib.colors import to_hex
+
+    return to_hex(colour) in {to_hex(c) for c in used}

@@ -42,7 +42,7 @@ from . import models, moe, rl, rollout, tasks
 from .config import PROGRESS_INTERVAL, Profile, make_config, resolve_profile
 from .evaluation import fresh_sample_kl
 from .history import History
-from .plots import arm_color
+from .plots import arm_colors
 from .warm_start import warm_start
 
 
@@ -328,7 +328,9 @@ def plot_metric(ax, summary: dict, key: str, arms=None, x: str = "step", **style
         x: "step" (RL steps) or "samples" (generated samples so far: the fair axis when arms differ in samples per
             step, as dynamic sampling does).
     """
-    for arm in arms or summary["arms"]:
+    arms = list(arms or summary["arms"])
+    colours = arm_colors(arms)  # no two arms of one figure alike
+    for arm in arms:
         s = summary["arms"][arm]
         if key not in s["metrics"]:
             continue
@@ -337,7 +339,7 @@ def plot_metric(ax, summary: dict, key: str, arms=None, x: str = "step", **style
         if x == "samples":
             cum = dict(zip(s["gen_samples_cum"]["step"], s["gen_samples_cum"]["mean"], strict=True))
             xs = [cum.get(t, 0.0) for t in m["step"]]  # step 0 (before training): no sample generated yet
-        (line,) = ax.plot(xs, m["mean"], label=f"{arm} (n={len(s['seeds'])})", **{"color": arm_color(arm), **style})
+        (line,) = ax.plot(xs, m["mean"], label=f"{arm} (n={len(s['seeds'])})", **{"color": colours[arm], **style})
         ax.fill_between(xs, m["min"], m["max"], color=line.get_color(), alpha=0.15, lw=0)
     ax.set_xlabel("generated samples" if x == "samples" else "RL step")
     ax.grid(alpha=0.3)
