@@ -402,11 +402,30 @@ def make_config(algo: str = "grpo", **overrides) -> RLConfig:
     return cfg
 
 
-def algorithms_table() -> str:
-    """The ALGORITHMS presets as a markdown table: one column for every switch that some preset sets, in
-    RLConfig's field order, so no preset's difference is hidden (SAPO's temperatures, CISPO's form included)."""
+def algorithms_table(names: list[str] | None = None) -> str:
+    """The ALGORITHMS presets as a markdown table: one row per preset, one column for every switch that some preset
+    sets, in RLConfig's field order, so no preset's difference is hidden (SAPO's temperatures, CISPO's form included).
+
+    Args:
+        names: presets to compare (default all). Given, the table is turned: one column per preset, one row per switch
+            on which they differ, so a lesson shows only what separates the algorithms it teaches.
+
+    Raises:
+        ValueError: if a name is not a preset.
+    """
     used = {key for switches in ALGORITHMS.values() for key in switches}
     keys = [f.name for f in dataclasses.fields(RLConfig) if f.name in used]
+    if names is not None:
+        unknown = [n for n in names if n not in ALGORITHMS]
+        if unknown:
+            raise ValueError(f"names: {unknown} are not presets; expected some of {list(ALGORITHMS)}")
+        configs = {n: make_config(n) for n in names}
+        rows = ["| switch | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for k in keys:
+            values = [str(getattr(c, k)) for c in configs.values()]
+            if len(set(values)) > 1:
+                rows.append(f"| {k} | " + " | ".join(values) + " |")
+        return "\n".join(rows)
     rows = ["| algo | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
     for name in ALGORITHMS:
         c = make_config(name)

@@ -233,3 +233,15 @@ def test_algorithms_table_shows_every_switch_a_preset_sets():
     sapo = next(line for line in table.splitlines() if line.startswith("| sapo |"))
     grpo = next(line for line in table.splitlines() if line.startswith("| grpo |"))
     assert sapo != grpo.replace("| grpo |", "| sapo |")
+
+
+def test_algorithms_table_for_named_presets_shows_only_their_differences():
+    # PPO and GRPO differ in the advantage (gae / group), the aggregation, beta and where the KL goes; both clip at 0.2
+    table = config.algorithms_table(["ppo", "grpo"])
+    lines = table.splitlines()
+    assert lines[0] == "| switch | ppo | grpo |"
+    rows = {line.split(" | ")[0][2:]: line for line in lines[2:]}
+    assert "| advantage | gae | group |" in lines and "| kl_placement | reward | loss |" in lines
+    assert "eps_low" not in rows and "eps_high" not in rows  # the same in both: left out
+    with pytest.raises(ValueError, match="names: \\['ppo2'\\] are not presets"):
+        config.algorithms_table(["ppo2"])
