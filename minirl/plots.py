@@ -108,6 +108,8 @@ def excerpt(fn, *needles: str) -> str:
     found = dict.fromkeys(needles, False)
 
     def header(stmt) -> range:  # a compound statement's header lines; a simple statement's lines
+        if isinstance(stmt, _Line):
+            return range(stmt.lineno - 1, stmt.lineno)
         body = getattr(stmt, "body", None)
         return range(stmt.lineno - 1, body[0].lineno - 1 if body else stmt.end_lineno)
 
@@ -120,8 +122,13 @@ def excerpt(fn, *needles: str) -> str:
                     keep.update(span)
                     for enclosing in outer:
                         keep.update(header(enclosing))
-            for field in ("body", "orelse", "finalbody"):
-                visit(getattr(stmt, field, []) or [], [*outer, stmt])
+            visit(getattr(stmt, "body", []) or [], [*outer, stmt])
+            for field in ("orelse", "finalbody"):  # their "else:" / "finally:" line is kept with what they hold
+                block = getattr(stmt, field, []) or []
+                if block and lines[block[0].lineno - 2].strip() in ("else:", "finally:"):
+                    visit(block, [*outer, stmt, _Line(block[0].lineno - 1)])
+                else:
+                    visit(block, [*outer, stmt])
             for handler in getattr(stmt, "handlers", []) or []:
                 visit(handler.body, [*outer, stmt])
 
@@ -141,6 +148,14 @@ def excerpt(fn, *needles: str) -> str:
     if gap is not None:
         out.append(" " * gap + "...")
     return "\n".join(out)
+
+
+class _Line:
+    """A lone line (an ``else:``) that ``excerpt`` keeps with the statements under it."""
+
+    def __init__(self, lineno: int):
+        self.lineno = lineno
+
 
 #: One colour per arm name, the same in every notebook and in ``sweep.plot_metric``; other names get a fixed colour
 #: of their own (from a checksum of the name, so it never depends on the order arms are drawn in).

@@ -86,3 +86,15 @@ def test_excerpt_keeps_the_taught_lines_their_headers_and_marks_the_rest():
         "    return y + z"]
     with pytest.raises(ValueError, match="needles: \\['nowhere'\\] match no line"):
         plots.excerpt(f, "nowhere")
+
+
+def test_excerpt_keeps_the_else_line_of_a_kept_branch():
+    def g(x):
+        if x > 0:
+            y = 1
+        else:
+            y = 2
+        return y
+
+    assert plots.excerpt(g, "y = 2").splitlines() == ["def g(x):", "    if x > 0:", "        ...", "    else:",
+                                                      "        y = 2", "    ..."]
