@@ -87,7 +87,6 @@ def source(fn) -> str:
     return text
 
 
-
 def excerpt(fn, *needles: str) -> str:
     """The lines of a function a lesson teaches: its signature and each statement containing one of ``needles``.
 
@@ -108,29 +107,26 @@ def excerpt(fn, *needles: str) -> str:
     found = dict.fromkeys(needles, False)
 
     def header(stmt) -> range:  # a compound statement's header lines; a simple statement's lines
-        if isinstance(stmt, _Line):
-            return range(stmt.lineno - 1, stmt.lineno)
         body = getattr(stmt, "body", None)
         return range(stmt.lineno - 1, body[0].lineno - 1 if body else stmt.end_lineno)
 
-    def visit(stmts, outer: list) -> None:
+    def visit(stmts, outer: list[range]) -> None:  # outer: the header lines around ``stmts``
         for stmt in stmts:
             span = header(stmt)
             for needle in needles:
                 if any(needle in lines[i] for i in span):
                     found[needle] = True
-                    keep.update(span)
-                    for enclosing in outer:
-                        keep.update(header(enclosing))
-            visit(getattr(stmt, "body", []) or [], [*outer, stmt])
+                    keep.update(span, *outer)
+            around = [*outer, span]
+            visit(getattr(stmt, "body", []) or [], around)
             for field in ("orelse", "finalbody"):  # their "else:" / "finally:" line is kept with what they hold
                 block = getattr(stmt, field, []) or []
-                if block and lines[block[0].lineno - 2].strip() in ("else:", "finally:"):
-                    visit(block, [*outer, stmt, _Line(block[0].lineno - 1)])
-                else:
-                    visit(block, [*outer, stmt])
+                if block:
+                    line = block[0].lineno - 2
+                    own = [range(line, line + 1)] if lines[line].strip() in ("else:", "finally:") else []
+                    visit(block, around + own)
             for handler in getattr(stmt, "handlers", []) or []:
-                visit(handler.body, [*outer, stmt])
+                visit(handler.body, around)
 
     visit(node.body, [])
     missing = [n for n, hit in found.items() if not hit]
@@ -148,13 +144,6 @@ def excerpt(fn, *needles: str) -> str:
     if gap is not None:
         out.append(" " * gap + "...")
     return "\n".join(out)
-
-
-class _Line:
-    """A lone line (an ``else:``) that ``excerpt`` keeps with the statements under it."""
-
-    def __init__(self, lineno: int):
-        self.lineno = lineno
 
 
 #: One colour per arm name, the same in every notebook and in ``sweep.plot_metric``; other names get a fixed colour
@@ -217,19 +206,14 @@ def arm_colors(arms) -> dict[str, str]:
     arms = list(dict.fromkeys(arms))
     if len(arms) > len(_SPARE):
         raise ValueError(f"arms: at most {len(_SPARE)} arms in one figure, got {len(arms)}")
-    out: dict[str, str] = {}
-    used: set[str] = set()
-    for arm in sorted(arms, key=lambda a: a not in PALETTE):  # stable: palette arms first, order otherwise kept
-        colour = arm_color(arm)
-        if _same(colour, used):
-            colour = next(c for c in _SPARE if not _same(c, used))
-        out[arm] = colour
-        used.add(colour)
-    return {arm: out[arm] for arm in arms}
-
-
-def _same(colour: str, used: set[str]) -> bool:
-    """Whether ``colour`` is already in ``used`` ("C0" and "tab:blue" are the same colour)."""
     from matplotlib.colors import to_hex
 
-    return to_hex(colour) in {to_hex(c) for c in used}
+    out: dict[str, str] = {}
+    used: set[str] = set()  # as hex: "C0" and "tab:blue" are the same colour
+    for arm in sorted(arms, key=lambda a: a not in PALETTE):  # stable: palette arms first, order otherwise kept
+        colour = arm_color(arm)
+        if to_hex(colour) in used:
+            colour = next(c for c in _SPARE if to_hex(c) not in used)
+        out[arm] = colour
+        used.add(to_hex(colour))
+    return {arm: out[arm] for arm in arms}
