@@ -440,3 +440,27 @@ def test_the_pages_table_of_solution_cells_is_generated(student):
     _, sp = student
     page = (EXERCISE_DIR / "README.md").read_text()
     assert sp.page_table(page) == sp.solution_cells_table(), "run python notebooks/exercises/make_release.py --table"
+
+
+def test_a_printing_call_over_several_lines_is_removed_whole(student):
+    """``print(plots.excerpt(losses.cispo_loss, "a",\\n    "b"))`` becomes one pointer comment: the continuation
+    line goes with it (left behind, it was an indented stray expression), brackets inside strings do not count, and
+    the code after the call stays."""
+    _, sp = student
+    names = {"losses.cispo_loss": ("cispo_loss", "05_dapo.ipynb")}
+    src = ('x = 1\n'
+           'print(plots.excerpt(losses.cispo_loss, "low = (", "weight =",\n'
+           '                    "per_token = )"))\n'
+           'print(x)')
+    new = sp._strip_code(src, names)
+    assert new.split("\n") == [
+        "x = 1",
+        "# (the teacher's copy prints losses.cispo_loss here: the solution of exercise cispo_loss, "
+        "exercises/05_dapo.ipynb)",
+        "print(x)"]
+    ast.parse(new)
+    assert sp._paren_balance('print(f(a, "(",') == 2 and sp._paren_balance('  "x)", b))  # )') == -2
+    # a needle that names an answer function inside a string is text: the call that prints the caller stays
+    caller = 'print(excerpt(rl.compute_advantages, "adv.gae(", "adv.whiten("))'
+    assert sp._strip_code(caller, {"advantages.gae": ("gae", "02_ppo.ipynb")}) == caller
+    assert not sp._still_prints(caller, {"advantages.gae": ("gae", "02_ppo.ipynb")})

@@ -21,9 +21,11 @@ the solutions), the git history.
 from __future__ import annotations
 
 import ast
+import io
 import json
 import re
 import shutil
+import tokenize
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -31,7 +33,7 @@ ROOT = HERE.parent.parent
 KEY = Path("minirl") / "exercises" / "_reference.py"
 TAG = "exercise-solution"
 WRITTEN_OUT = "pg = torch.maximum(-a * ratio"  # 03's GRPO step writes out what exercise grpo_loss asks for
-PRINTS = re.compile(r"\b(?:source|core)\(")
+PRINTS = re.compile(r"\b(?:source|core|excerpt)\(")  # the ways a lesson prints a function
 
 
 def answer_names() -> dict[str, tuple[str, str]]:
@@ -58,15 +60,21 @@ def _pointer(names: list[tuple[str, str]]) -> str:
             f"{', '.join(exercises)}. Write it there first; minirl's source is always there to read afterwards.*")
 
 
+STRING = re.compile(r"\"[^\"\n]*\"|'[^'\n]*'")  # a one-line string literal
+
+
 def _mentions(line: str, key: str) -> bool:
-    """``line`` names the function of ``key`` ("losses.cispo_loss") through any module alias (``pref.dpo_loss``)."""
-    return re.search(rf"\b\w+\.{re.escape(key.split('.')[-1])}\b", line) is not None
+    """``line`` names the function of ``key`` ("losses.cispo_loss") through any module alias (``pref.dpo_loss``).
+    Text inside a string literal does not count: an excerpt's needle ``"adv.gae("`` prints the line that calls
+    ``gae``, not ``gae``."""
+    code = STRING.sub('""', line)
+    return re.search(rf"\b\w+\.{re.escape(key.split('.')[-1])}\b", code) is not None
 
 
 def strip_lesson(nb: dict, names: dict[str, tuple[str, str]]) -> tuple[dict, int]:
     """The lesson with no cell that shows an exercise's solution; returns (notebook, number of cells changed).
 
-    In every code cell a line that prints (``source(...)``, ``core(...)``) an answer function becomes a comment
+    In every code cell a line that prints (``source(...)``, ``core(...)``, ``excerpt(...)``) an answer function becomes a comment
     pointing to the exercise, and the cell's outputs are cleared; 03's written-out GRPO step computes its surrogate
     with minirl's ``policy_loss`` instead. A cell tagged ``exercise-solution`` with nothing left but comments, or
     any cell that would still print an answer (a loop over functions), becomes a markdown pointer whole.
@@ -99,7 +107,11 @@ def strip_lesson(nb: dict, names: dict[str, tuple[str, str]]) -> tuple[dict, int
 def _strip_code(src: str, names: dict[str, tuple[str, str]]) -> str:
     lines = src.split("\n")
     out = []
+    open_parens = 0  # > 0 while inside a replaced call that goes on over the next lines
     for line in lines:
+        if open_parens > 0:
+            open_parens += _paren_balance(line)
+            continue
         hit = [(k, v) for k, v in names.items() if _mentions(line, k)]
         if line.lstrip().startswith("# solution of exercise"):
             continue  # the tag's comment; the pointer below says it
@@ -108,12 +120,27 @@ def _strip_code(src: str, names: dict[str, tuple[str, str]]) -> str:
             ex, nb = hit[0][1]
             out.append(f"{indent}# (the teacher's copy prints {hit[0][0]} here: the solution of exercise {ex}, "
                        f"exercises/{nb})")
+            open_parens = _paren_balance(line)
         else:
             out.append(line)
     text = "\n".join(out)
     if WRITTEN_OUT in text:
         text = _grpo_step_through_minirl(text)
     return text
+
+
+def _paren_balance(line: str) -> int:
+    """Opening minus closing brackets on ``line``, outside string literals and comments."""
+    balance = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
+            if tok.type == tokenize.OP and tok.string in "([{":
+                balance += 1
+            elif tok.type == tokenize.OP and tok.string in ")]}":
+                balance -= 1
+    except tokenize.TokenError:
+        pass  # an unclosed bracket ends the line early: what was counted so far is the balance
+    return balance
 
 
 def _grpo_step_through_minirl(text: str) -> str:
