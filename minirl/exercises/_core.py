@@ -85,7 +85,8 @@ def _case(ex: Exercise, name: str, hint: str):
 
 
 def list_exercises(chapter: str | None = None) -> list[str]:
-    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00", "02" ... "12"; lesson 01 has none).
+    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00", "02" ... "12"; lesson 01
+    has none).
 
     Returns:
         A list of names accepted by ``check``.

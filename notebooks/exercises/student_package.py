@@ -21,11 +21,9 @@ the solutions), the git history.
 from __future__ import annotations
 
 import ast
-import io
 import json
 import re
 import shutil
-import tokenize
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -74,10 +72,11 @@ def _mentions(line: str, key: str) -> bool:
 def strip_lesson(nb: dict, names: dict[str, tuple[str, str]]) -> tuple[dict, int]:
     """The lesson with no cell that shows an exercise's solution; returns (notebook, number of cells changed).
 
-    In every code cell a line that prints (``source(...)``, ``core(...)``, ``excerpt(...)``) an answer function becomes a comment
-    pointing to the exercise, and the cell's outputs are cleared; 03's written-out GRPO step computes its surrogate
-    with minirl's ``policy_loss`` instead. A cell tagged ``exercise-solution`` with nothing left but comments, or
-    any cell that would still print an answer (a loop over functions), becomes a markdown pointer whole.
+    In every code cell a line that prints (``source(...)``, ``core(...)``, ``excerpt(...)``) an answer function, with
+    the lines its call continues on, becomes a comment pointing to the exercise, and the cell's outputs are cleared;
+    03's written-out GRPO step computes its surrogate with minirl's ``policy_loss`` instead. A cell tagged
+    ``exercise-solution`` with nothing left but comments, or any cell that would still print an answer (a loop over
+    functions), becomes a markdown pointer whole.
     """
     changed = 0
     cells = []
@@ -131,16 +130,8 @@ def _strip_code(src: str, names: dict[str, tuple[str, str]]) -> str:
 
 def _paren_balance(line: str) -> int:
     """Opening minus closing brackets on ``line``, outside string literals and comments."""
-    balance = 0
-    try:
-        for tok in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline):
-            if tok.type == tokenize.OP and tok.string in "([{":
-                balance += 1
-            elif tok.type == tokenize.OP and tok.string in ")]}":
-                balance -= 1
-    except tokenize.TokenError:
-        pass  # an unclosed bracket ends the line early: what was counted so far is the balance
-    return balance
+    code = STRING.sub('""', line).split("#")[0]
+    return sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
 
 
 def _grpo_step_through_minirl(text: str) -> str:
