@@ -197,8 +197,7 @@ def completion_logits(model: torch.nn.Module, input_ids: Tensor, attention_mask:
         raise ValueError(f"n_prompt_tokens must be in [1, {L}) for input_ids of length {L}, got {n_prompt_tokens}")
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask,
                   position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    # transformers LMs: the lm_head runs on the last T + 1 rows only
-    if completion_only and "logits_to_keep" in inspect.signature(model.forward).parameters:
+    if completion_only and "logits_to_keep" in inspect.signature(model.forward).parameters:  # lm_head on T+1 rows
         return model(**kwargs, logits_to_keep=L - n_prompt_tokens + 1).logits[:, :-1]
     return model(**kwargs).logits[:, n_prompt_tokens - 1:-1]  # any other LM: the (B, L, V) logits, sliced
 
