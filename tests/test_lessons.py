@@ -1,7 +1,7 @@
 """The lesson notebooks (notebooks/[0-9][0-9]_*.ipynb) read as lessons, not lab records (STYLE.md, "Notebooks:
-lessons, not lab records"; issue 29): short markdown cells, short stored outputs without progress-bar chunks, no project history
-in the prose, and every decimal figure of the prose traceable to what the notebook printed or to a stored result it
-reads. Each check reports notebook, cell index and the offending text, so the author can fix the prose.
+lessons, not lab records"; issue 29): short markdown cells, short stored outputs without progress-bar chunks, no
+project history in the prose, and every decimal figure of the prose traceable to what the notebook printed or to a
+stored result it reads. Each check reports notebook, cell index and the offending text, so the author can fix the prose.
 The figure check is only as sharp as the prose's digits: against a notebook that reads large sweeps, almost any
 two-digit figure is the rounding of some stored number, while a three-digit one is matched by chance about half
 the time; print the figures a lesson quotes and the check holds them exactly.

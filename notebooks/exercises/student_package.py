@@ -31,7 +31,7 @@ ROOT = HERE.parent.parent
 KEY = Path("minirl") / "exercises" / "_reference.py"
 TAG = "exercise-solution"
 WRITTEN_OUT = "pg = torch.maximum(-a * ratio"  # 03's GRPO step writes out what exercise grpo_loss asks for
-PRINTS = re.compile(r"\b(?:source|core|excerpt)\(")  # the ways a lesson prints a function
+PRINTS = re.compile(r"\b(?:source|excerpt)\(")  # the ways a lesson prints a function
 
 
 def answer_names() -> dict[str, tuple[str, str]]:
@@ -72,7 +72,7 @@ def _mentions(line: str, key: str) -> bool:
 def strip_lesson(nb: dict, names: dict[str, tuple[str, str]]) -> tuple[dict, int]:
     """The lesson with no cell that shows an exercise's solution; returns (notebook, number of cells changed).
 
-    In every code cell a line that prints (``source(...)``, ``core(...)``, ``excerpt(...)``) an answer function, with
+    In every code cell a line that prints (``plots.source(...)``, ``plots.excerpt(...)``) an answer function, with
     the lines its call continues on, becomes a comment pointing to the exercise, and the cell's outputs are cleared;
     03's written-out GRPO step computes its surrogate with minirl's ``policy_loss`` instead. A cell tagged
     ``exercise-solution`` with nothing left but comments, or any cell that would still print an answer (a loop over
