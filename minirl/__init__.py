@@ -2,16 +2,18 @@
 
 Every module, by layer:
 
-- the math (copyable: torch, the standard library and ``checks``): advantages, losses, kl, rewards, sampling,
-  preference, importance, entropy (the covariance term, Clip-Cov, KL-Cov, entropy bonus, pass@k), distill
-  (on-policy distillation), truncation (top-k / top-p kept sets, the trainer's log-probs renormalised over them),
-  stale (off-policy sequence masking, decoupled PPO, the staleness KL), checks (argument checks, numerical
-  guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
+- the math (copyable: torch, the standard library and ``checks``): advantages, losses (PPO's clip, GSPO, the value
+  loss), clip_alternatives (CISPO, SAPO, GMPO), aggregation (per-token terms to one loss), kl, rewards,
+  group_filter (DAPO's dynamic sampling), preference, importance, entropy (the covariance term, Clip-Cov, KL-Cov,
+  entropy bonus, pass@k), distill (on-policy distillation), truncation (top-k / top-p kept sets, the trainer's
+  log-probs renormalised over them), stale_corrections (off-policy sequence masking, decoupled PPO, the staleness
+  KL), checks (argument checks, numerical guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
 - the model side: tasks, gsm8k (GSM8K-style answers, reward and loader), tokenizer, chat (plain and
-  conversational prompts, chat templates), models, rollout, moe (routing replay), sampler (a mismatched sampler),
+  conversational prompts, chat templates), models, decoding (the sampling loop), rollout (what a batch of samples
+  holds, its masks and log-probs), moe (routing replay), inference_engine (a sampler unlike the trainer),
   precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted), lora
   (LoRA through peft; the reference as the adapter switched off).
-- the loops, one stage per file: config, warm_start, rl, offpolicy (the loop's stale and truncated samplers),
+- the loops, one stage per file: config, warm_start, rl, rl_offpolicy (the loop's stale and truncated samplers),
   checkpoint (checkpoints, exact resume, the saved policy), distill_loop (a teacher grades the student's tokens),
   preference_loop, preference_data, evaluation, entropy_control (the entropy switches in the update), history,
   tracking (TensorBoard beside metrics.jsonl), plots, sweep (grids of arms x seeds), bench, interop (TRL and verl),
@@ -33,7 +35,9 @@ from .advantages import (
     whiten,
 )
 from .config import ALGORITHMS, PROFILES, RLConfig, make_config, resolve_profile, set_seed
+from .decoding import generate
 from .evaluation import evaluate, fresh_sample_kl, memory_held
+from .group_filter import dynamic_sampling, has_signal
 from .history import History
 from .kl import k1, k2, k3, kl_in_loss, kl_in_reward
 from .losses import (
@@ -52,8 +56,7 @@ from .preference import dpo_loss, ipo_loss, kto_loss, simpo_loss
 from .preference_loop import PrefConfig, train_preference
 from .rewards import overlong_penalty, score_completions
 from .rl import RLBatch, train_rl, update_minibatch
-from .rollout import completion_mask, generate, sequence_logprobs, token_logprobs
-from .sampling import dynamic_sampling, has_signal
+from .rollout import completion_mask, sequence_logprobs, token_logprobs
 from .tasks import running_sums_reward
 
 __all__ = [

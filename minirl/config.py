@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import advantages, entropy_control, importance, kl, losses, offpolicy
+from . import advantages, entropy_control, importance, kl, losses, rl_offpolicy
 from .checks import choice
 from .lora import target_modules as lora_target_modules
 from .precision import PRECISIONS
@@ -124,7 +124,7 @@ class RLConfig:
     eps_low: float = 0.2
     eps_high: float = 0.2
     dual_clip: float | None = None
-    agg: str = "seq-mean-token-mean"  # see losses.AGGREGATIONS
+    agg: str = "seq-mean-token-mean"  # see aggregation.AGGREGATIONS
     loss_mode: str = "clip"  # losses.LOSS_MODES: PPO's clip (at `level`), "cispo", "sapo" or "gmpo" (token level)
     cispo_form: str = "two-sided"  # CISPO: clip(r, 1 - eps_low, 1 + eps_high), or "one-sided" min(r, 1 + eps_high)
     tau_pos: float = 1.0  # SAPO's gate temperature for A > 0
@@ -172,7 +172,7 @@ class RLConfig:
     routing_replay: bool = False  # record the rollout's experts and force them in training forwards
     replay_source: str = "trainer"  # routing replay's routes: "trainer" (R2: pi_old's recomputing forward) or
     # "sampler" (R3: the experts the sampler used while decoding, Ma et al. 2025)
-    # --- a sampler that is not the trainer (sampler.py, importance.py); the defaults change nothing
+    # --- a sampler that is not the trainer (inference_engine.py, importance.py); the defaults change nothing
     sampler_dtype: str = "float32"  # "float32" (the trainer itself), "bfloat16" or "float16" (a copy, synced)
     sampler_logit_noise: float = 0.0  # std (nats) of noise on the sampler's next-token logits
     sampler_router_noise: float = 0.0  # std of noise on the sampler's MoE router logits
@@ -181,7 +181,8 @@ class RLConfig:
     is_cap: float = 2.0  # C of TIS / C_max of MIS, on the weight pi_old / sampler (Yao et al.: 2; TRL's default 3)
     is_cap_low: float | None = None  # optional C_min: TIS raises weights to it, MIS masks those below it
     is_seq_form: str = "product"  # the sequence weight: "product" of token ratios (TRL, verl) or "geomean"
-    # --- stale and truncated samplers (truncation.py, stale.py, offpolicy.py); the defaults change nothing
+    # --- stale and truncated samplers (truncation.py, stale_corrections.py, rl_offpolicy.py); the defaults change
+    # nothing
     top_k: int = 0  # the rollouts' top-k (0: off); the kept sets are recorded per token (Rollout.kept)
     top_p: float = 1.0  # the rollouts' nucleus mass (1.0: off); evaluation always samples the full distribution
     keep_sampling_mask: bool = False  # renormalise the trainer's log-probs over the sampler's kept sets
@@ -244,7 +245,7 @@ class RLConfig:
         choice("kl_placement", self.kl_placement, kl.PLACEMENTS)
         choice("replay_source", self.replay_source, ("trainer", "sampler"))
         choice("sampler_dtype", self.sampler_dtype, ("float32", "bfloat16", "float16"))
-        offpolicy.check_settings(self)
+        rl_offpolicy.check_settings(self)
         choice("precision", self.precision, PRECISIONS)
         choice("report_to", self.report_to, REPORT_TO)
         if self.lora_rank < 0 or not self.lora_alpha > 0:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same_shape, zero_outside
 
-#: The aggregations ``entropy_bonus`` knows: the same four, with the same meaning, as ``losses.AGGREGATIONS``.
+#: The aggregations ``entropy_bonus`` knows: the same four, with the same meaning, as ``aggregation.AGGREGATIONS``.
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 

@@ -15,7 +15,8 @@ from .entropy import mean_pass_at_k
 from .kl import exact_token_kl
 from .precision import autocast
 from .rewards import score_completions
-from .rollout import completion_logits, dataset_columns, generate
+from .decoding import generate
+from .rollout import completion_logits, dataset_columns
 
 
 @torch.no_grad()
@@ -38,7 +39,7 @@ def evaluate(model, tokenizer, dataset, max_new_tokens: int, *, temperature: flo
         reward_fn: a reward function in TRL's form, or a list of them (see ``rewards.score_completions``); None is
             the running-sums task's 0/1 reward, ``tasks.running_sums_reward``.
         reward_kwargs: further keyword arguments for the reward functions (the RL loops pass ``trainer_state``).
-        generation_batch_size: rows per decode loop within a call (``rollout.generate``'s batch_size); None: all.
+        generation_batch_size: rows per decode loop within a call (``decoding.generate``'s batch_size); None: all.
         pass_at_k: the k of pass@k to estimate from the samples_per_prompt samples (``entropy.mean_pass_at_k``,
             Chen et al. 2021, eq. 1), each 1 <= k <= samples_per_prompt; needs a 0/1 reward (1 counts as correct,
             an unscored completion as wrong).
@@ -254,7 +255,7 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
         length (mean tokens per completion, EOS included), n (completions) and, with answers, accuracy.
 
     Raises:
-        ValueError: on an empty prompt list, samples_per_prompt < 1 or temperature <= 0 (from ``rollout.generate``).
+        ValueError: on an empty prompt list, samples_per_prompt < 1 or temperature <= 0 (from ``decoding.generate``).
     """
     prompts = list(prompts)
     was_training = model.training

@@ -181,9 +181,9 @@ def ratio_weighted_k3(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tens
 
     The tokens come from pi_old, not pi. E_{pi_old}[(pi / pi_old) k3] = E_pi[k3] = KL(pi || ref) as a function of
     the policy, so the expected gradient of this term in the loss is the reverse-KL gradient, off-policy too, where
-    plain k3 in the loss gives the forward KL's (``kl_toy``; tests/test_stale.py enumerates both). The ratio must NOT
-    be detached: with sg[ratio] the expectation is E_pi[grad k3], the forward-KL gradient again. On-policy (ratio 1)
-    the value is k3's, but the gradient is grad k3 + k3 grad log pi.
+    plain k3 in the loss gives the forward KL's (``kl_toy``; tests/test_stale_corrections.py enumerates both). The
+    ratio must NOT be detached: with sg[ratio] the expectation is E_pi[grad k3], the forward-KL gradient again.
+    On-policy (ratio 1) the value is k3's, but the gradient is grad k3 + k3 grad log pi.
 
     Example: log pi = -1, log pi_old = -1.2, log ref = -0.5: ratio e^0.2 = 1.221403, k3 = e^0.5 - 1 - 0.5 =
     0.148721; term 0.181649. d/dlog pi = ratio * (k3 + 1 - e^0.5) = 1.221403 * (-0.5) = -0.610701.

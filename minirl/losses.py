@@ -1,96 +1,28 @@
-"""Policy and value losses. Per-token terms are kept apart from their aggregation, because the aggregation is one of
-the things the algorithms disagree about (GRPO vs DAPO vs Dr. GRPO).
+"""Policy and value losses: PPO's clipped surrogate per token (PPO, GRPO, Dr. GRPO, DAPO), per sequence (GSPO) and
+per sequence on each token (GSPO-token), the critic's clipped value loss, and ``policy_loss``, which checks its
+inputs and calls the family a setting picks.
+
+Per-token terms are kept apart from their aggregation (``aggregation.aggregate``), because the aggregation is one of
+the things the algorithms disagree about (GRPO vs DAPO vs Dr. GRPO). The losses that keep the gradient PPO's clip
+removes (CISPO, SAPO, GMPO) are in ``clip_alternatives``.
 
 To copy one algorithm's loss into your own trainer, copy the family function ``policy_loss`` calls for it
-(token_clip_loss for PPO, GRPO, Dr. GRPO, DAPO, RLOO and REINFORCE++; gspo_loss, gspo_token_loss, cispo_loss,
-sapo_loss, gmpo_loss): its docstring's "Copy with" line names the few helpers it needs; torch and checks.py's
-``zero_outside``, ``exp_linear_above``, ``LOG_RATIO_LINEAR_ABOVE`` (and, for ``aggregate``, ``same_shape``, ``ndim``,
-``choice``) are all the rest. ``tests/test_losses.py`` runs each of them on its own."""
+(token_clip_loss for PPO, GRPO, Dr. GRPO, DAPO, RLOO and REINFORCE++; gspo_loss, gspo_token_loss): its docstring's
+"Copy with" line names the few helpers it needs; torch and checks.py's ``zero_outside``, ``exp_linear_above``,
+``LOG_RATIO_LINEAR_ABOVE`` are all the rest. ``tests/test_losses.py`` runs each of them on its own."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from .aggregation import AGGREGATIONS, aggregate, ratio_stats, sequence_mean
 from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same_shape, zero_outside
+from .clip_alternatives import CISPO_FORMS, check_tau, cispo_loss, gmpo_loss, sapo_loss
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence", "sequence-token")
 #: The policy-loss families of ``policy_loss``: PPO's clipped surrogate (at ``level``), CISPO, SAPO and GMPO.
 LOSS_MODES = ("clip", "cispo", "sapo", "gmpo")
-#: CISPO's weight: the paper's and verl's two-sided clip, or TRL's one-sided cap (see ``cispo_loss``).
-CISPO_FORMS = ("two-sided", "one-sided")
-#: PPO's band (eps 0.2 / 0.2) of the ``ppo_clip_frac`` diagnostic, comparable across the losses that do not clip.
-PPO_BAND = 0.2
-
-
-def aggregate(per_token: Tensor, mask: Tensor, mode: str, *, max_tokens: int | None = None,
-              denominator: float | None = None) -> Tensor:
-    """Reduce a (B, T) per-token loss to a scalar, the way each algorithm does.
-
-    - "token-mean" (DAPO eq. 12): sum over every valid token of the batch / number of valid tokens; every token
-      weighs the same, so long completions weigh more in total.
-    - "seq-mean-token-mean" (GRPO eq. 3): mean over each sequence's tokens, then mean over sequences; a token of a
-      short completion weighs more than one of a long completion.
-    - "seq-mean-token-sum": sum over each sequence's tokens, then mean over sequences.
-    - "seq-mean-token-sum-norm" (Dr. GRPO, Liu et al. 2025, eq. 2 / their loss "sum / (B * max_tokens)"):
-      sum over each sequence / max_tokens (a constant), then mean over sequences; no length bias.
-
-    Rows with no valid token are left out of the sequence means, and a fully masked batch gives 0 (not NaN).
-    Masked positions are never read: padding may hold anything, inf and NaN included.
-
-    Example: per-token [[2,2,2,0],[10,0,0,0]], mask [[1,1,1,0],[1,0,0,0]]: token-mean (2+2+2+10)/4 = 4.0;
-    seq-mean-token-mean (2 + 10)/2 = 6.0; seq-mean-token-sum-norm, max_tokens 4: (6/4 + 10/4)/2 = 2.0.
-
-    Args:
-        per_token: (B, T) per-token loss terms.
-        mask: (B, T) 1 on tokens that count (completion mask, possibly with overlong-filtered rows zeroed).
-        mode: one of ``AGGREGATIONS``.
-        max_tokens: the constant normaliser of "seq-mean-token-sum-norm" (usually the generation budget);
-            defaults to T.
-        denominator: when given, replaces this batch's own count (valid tokens for "token-mean", valid sequences
-            for the others). Under gradient accumulation, pass the FULL batch's count to every micro-batch; the
-            micro-batch losses then add up to exactly the full batch's loss.
-
-    Returns:
-        A scalar tensor.
-
-    Raises:
-        ValueError: on shape mismatch, unknown mode, non-positive max_tokens or denominator.
-
-    Source: token-mean: DAPO, Yu et al. 2025, eq. 12; seq-mean-token-mean: GRPO, Shao et al. 2024, eq. 3;
-    seq-mean-token-sum-norm: Dr. GRPO, Liu et al. 2025, eq. 2 (the constant normaliser of their loss).
-    """
-    same_shape(per_token=per_token, mask=mask)
-    ndim("per_token", per_token, 2, "(B, T)")
-    choice("aggregation mode", mode, AGGREGATIONS)
-    if denominator is not None and denominator <= 0:
-        raise ValueError(f"denominator must be > 0, got {denominator}")
-    mask = mask.to(per_token.dtype)
-    masked = zero_outside(per_token, mask)  # (B, T); not per_token * mask, which is NaN where padding holds inf
-    tokens_per_seq = mask.sum(-1)  # (B,)
-    if mode == "token-mean":
-        count = denominator if denominator is not None else tokens_per_seq.sum()
-        return masked.sum() / count if denominator is not None or count > 0 else masked.sum() * 0
-    valid_seq = tokens_per_seq > 0  # (B,)
-    if mode == "seq-mean-token-mean":
-        per_seq = masked.sum(-1) / tokens_per_seq.clamp(min=1)  # (B,)
-    elif mode == "seq-mean-token-sum":
-        per_seq = masked.sum(-1)
-    else:
-        max_tokens = per_token.shape[1] if max_tokens is None else max_tokens
-        if max_tokens <= 0:
-            raise ValueError(f"max_tokens must be > 0, got {max_tokens}")
-        per_seq = masked.sum(-1) / max_tokens
-    count = denominator if denominator is not None else valid_seq.sum()
-    if denominator is None and count == 0:
-        return masked.sum() * 0  # keeps the graph, gives 0 rather than 0/0
-    return (per_seq * valid_seq).sum() / count
-
-
-def _check_tau(tau_pos: float, tau_neg: float) -> None:
-    if not (tau_pos > 0 and tau_neg > 0):
-        raise ValueError(f"SAPO's temperatures must be > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
 
 
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float,
@@ -142,7 +74,7 @@ def check_settings(*, eps_low: float, eps_high: float, level: str, agg: str, dua
     if loss_mode != "clip" and (level != "token" or dual_clip is not None):
         raise ValueError(f"loss_mode={loss_mode!r} defines its own ratio: it needs level='token' and dual_clip=None, "
                          f"got level={level!r}, dual_clip={dual_clip}")
-    _check_tau(tau_pos, tau_neg)
+    check_tau(tau_pos, tau_neg)
     if one_term_per_sequence(level=level, loss_mode=loss_mode) and agg != "seq-mean-token-mean":
         raise ValueError(f"level={level!r} with loss_mode={loss_mode!r} has one term per sequence: agg must be "
                          f"'seq-mean-token-mean', got {agg!r}")
@@ -278,7 +210,7 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     Returns:
         (loss, stats) as in ``policy_loss`` (without approx_kl).
 
-    Copy with: _clipped_surrogate, aggregate, AGGREGATIONS, _ratio_stats.
+    Copy with: _clipped_surrogate, aggregate, AGGREGATIONS, ratio_stats.
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO (clip-higher), Yu et al. 2025,
     eq. 8-10.
@@ -288,7 +220,7 @@ def token_clip_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE)  # (B, T) exp, continued linearly above 20 nats
     per_token = _clipped_surrogate(ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
-    return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
+    return loss, ratio_stats(ratio, advantages, mask, eps_low, eps_high)
 
 
 def sequence_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:
@@ -329,7 +261,7 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     Returns:
         (loss, stats) as in ``policy_loss`` (without approx_kl); stats count every token of a clipped sequence.
 
-    Copy with: sequence_ratio, _mean_log_ratio, _clipped_surrogate, _sequence_mean, _ratio_stats.
+    Copy with: sequence_ratio, _mean_log_ratio, _clipped_surrogate, sequence_mean, ratio_stats.
 
     Source: GSPO, Zheng et al. 2025, eq. 5-7.
     """
@@ -338,10 +270,10 @@ def gspo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
     seq_ratio = sequence_ratio(logprobs, old_logprobs, mask)  # (B,)
     per_seq = _clipped_surrogate(seq_ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B,)
-    loss = _sequence_mean(per_seq, has_tokens, denominator)
+    loss = sequence_mean(per_seq, has_tokens, denominator)
     # stats per token (each token of a clipped sequence lost its gradient), as GSPO's paper counts them
     per_token_ratio = seq_ratio.detach().unsqueeze(1).expand(B, T)
-    return loss, _ratio_stats(per_token_ratio, advantages.unsqueeze(1).expand(B, T), mask, eps_low, eps_high)
+    return loss, ratio_stats(per_token_ratio, advantages.unsqueeze(1).expand(B, T), mask, eps_low, eps_high)
 
 
 def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float,
@@ -361,7 +293,7 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     Returns:
         (loss, stats) as in ``policy_loss`` (without approx_kl).
 
-    Copy with: sequence_ratio, _mean_log_ratio, _clipped_surrogate, aggregate, AGGREGATIONS, _ratio_stats.
+    Copy with: sequence_ratio, _mean_log_ratio, _clipped_surrogate, aggregate, AGGREGATIONS, ratio_stats.
 
     Source: GSPO, Zheng et al. 2025, eq. 13-14.
     """
@@ -374,183 +306,7 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     ratio = seq_ratio.detach().unsqueeze(1) * torch.exp((logprobs - logprobs.detach()) * slope)  # (B, T)
     per_token = _clipped_surrogate(ratio, advantages, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip)  # (B, T)
     loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
-    return loss, _ratio_stats(ratio, advantages, mask, eps_low, eps_high)
-
-
-def cispo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.2,
-               eps_high: float = 0.2, form: str = "two-sided", agg: str = "token-mean", max_tokens: int | None = None,
-               denominator: float | None = None) -> tuple[Tensor, dict]:
-    """CISPO: REINFORCE on every token, weighted by a detached, clipped importance ratio.
-
-    Per token: L_t = -sg(w_t) A_t log pi(y_t), with r_t = pi(y_t) / pi_old(y_t) and
-    w_t = clip(r_t, 1 - eps_low, 1 + eps_high) ("two-sided", the paper's eq. 5 and verl's "cispo") or
-    w_t = min(r_t, 1 + eps_high) ("one-sided", TRL's "cispo", whose ``epsilon_high`` is the absolute cap
-    1 + eps_high). The gradient is -w_t A_t d log pi: where PPO's clip sets a token's gradient to 0, CISPO keeps
-    it, only its weight stops growing. The paper sets no lower bound in practice (a large eps_low), which is the
-    one-sided form.
-
-    Example: logprobs = old_logprobs = -1.0, A = +1: w = 1, loss = -1 * 1 * (-1.0) = 1.0, d loss / d logprobs = -1.
-    After an update to -0.5 (r = e^0.5 = 1.648721), eps 0.2 / 0.28: w = 1.28, loss = -1.28 * (-0.5) = 0.64 and the
-    gradient is -1.28 (PPO's is 0 there); one-sided with eps_high = 4 (cap 5): w = r = 1.648721, loss 0.824361,
-    gradient -1.648721.
-
-    Args:
-        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
-        advantages: (B, T).
-        eps_low, eps_high: the weight's bounds 1 - eps_low (two-sided only) and 1 + eps_high.
-        form: one of ``CISPO_FORMS`` (ValueError otherwise; ``check_settings`` checks the rest).
-        agg, max_tokens, denominator: see ``aggregate`` (the paper: token-mean).
-
-    Returns:
-        (loss, stats): clip_frac_low / clip_frac_high = share of valid tokens whose weight was raised to
-        1 - eps_low / capped at 1 + eps_high (their gradient is scaled, not removed), clip_frac their sum,
-        ppo_clip_frac (see ``PPO_BAND``) and the ratio summaries of ``policy_loss``.
-
-    Copy with: CISPO_FORMS, aggregate, AGGREGATIONS, _ratio_stats, _own_clip_stats, PPO_BAND.
-
-    Source: MiniMax-M1, MiniMax 2025 (arXiv 2506.13585), eq. 4-5 (CISPO); TRL 1.16 ``loss_type="cispo"``;
-    verl ``loss_mode="cispo"``.
-    """
-    choice("cispo form", form, CISPO_FORMS)
-    advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
-    ratio = exp_linear_above(zero_outside(logprobs - old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B, T)
-    low = 1 - eps_low if form == "two-sided" else 0.0
-    weight = torch.clamp(ratio, low, 1 + eps_high).detach()  # (B, T) sg(w): no gradient through the ratio
-    per_token = -weight * advantages * logprobs  # (B, T); logprobs is 0 outside the mask (policy_loss zeroes it)
-    loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
-    stats = _ratio_stats(ratio, advantages, mask, PPO_BAND, PPO_BAND)
-    return loss, _own_clip_stats(stats, ratio < low, ratio > 1 + eps_high, mask)  # one-sided: low 0, never below
-
-
-def sapo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, tau_pos: float = 1.0,
-              tau_neg: float = 1.05, agg: str = "seq-mean-token-mean", max_tokens: int | None = None,
-              denominator: float | None = None) -> tuple[Tensor, dict]:
-    """SAPO: a smooth, temperature-controlled gate in place of the hard clip.
-
-    Per token: L_t = -f(r_t) A_t with f(r) = (4 / tau) sigmoid(tau (r - 1)), tau = tau_pos for A_t > 0 and tau_neg
-    otherwise. Its gradient with respect to log pi is -A_t * 4 r s (1 - s), s = sigmoid(tau (r - 1)): exactly
-    -A_t at r = 1 (the 4 / tau makes the on-policy gradient that of the plain policy gradient whatever tau), then
-    decaying smoothly as r leaves 1, never switched off at a band edge. tau_neg > tau_pos makes negative-advantage
-    tokens decay faster (their updates spread over the whole vocabulary).
-
-    Example: on-policy (r = 1), A = +1, tau 1: f = 4 * 0.5 = 2, loss = -2, gradient -4 * 0.25 = -1. At
-    r = e^0.5 = 1.648721: s = sigmoid(0.648721) = 0.656722, f = 4 s = 2.626889, loss = -2.626889, gradient
-    -4 * 1.648721 * 0.656722 * 0.343278 = -1.486739 (PPO's is 0 there).
-
-    Args:
-        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
-        advantages: (B, T).
-        tau_pos, tau_neg: gate temperatures (the paper's 1.0 and 1.05); ValueError unless both are > 0.
-        agg, max_tokens, denominator: see ``aggregate`` (the paper: seq-mean-token-mean, as GRPO).
-
-    Returns:
-        (loss, stats): clip_frac* are 0 (nothing is clipped), ppo_clip_frac (see ``PPO_BAND``), gate_mean (mean
-        f'(r) r of valid tokens: the share of the plain policy gradient the gate lets through, 1 on-policy) and the
-        ratio summaries of ``policy_loss``.
-
-    Copy with: _check_tau, aggregate, AGGREGATIONS, _ratio_stats, _own_clip_stats, PPO_BAND.
-
-    Source: SAPO, Gao et al. 2025 (arXiv 2511.20347), eq. 5-6; TRL 1.16 ``loss_type="sapo"``; verl
-    ``loss_mode="sapo"``.
-    """
-    _check_tau(tau_pos, tau_neg)
-    advantages = zero_outside(advantages, mask)  # (B, T); padding is never read
-    ratio = exp_linear_above(zero_outside(logprobs - old_logprobs, mask), LOG_RATIO_LINEAR_ABOVE)  # (B, T)
-    # (B, T) in the ratio's dtype: torch.where of two Python floats would give float32 even for float64 inputs
-    tau = torch.full_like(ratio, tau_neg).masked_fill(advantages > 0, tau_pos)
-    gate = torch.sigmoid(tau * (ratio - 1)) * (4 / tau)  # (B, T) f(r)
-    per_token = -gate * advantages  # (B, T)
-    loss = aggregate(per_token, mask, agg, max_tokens=max_tokens, denominator=denominator)
-    stats = _ratio_stats(ratio, advantages, mask, PPO_BAND, PPO_BAND)
-    with torch.no_grad():
-        s = torch.sigmoid(tau * (ratio - 1))
-        through = zero_outside(4 * ratio * s * (1 - s), mask)  # (B, T) d f / d log r
-    nothing = torch.zeros_like(ratio, dtype=torch.bool)  # nothing is clipped
-    gate_mean = float(through.sum() / mask.sum().clamp(min=1))
-    return loss, {**_own_clip_stats(stats, nothing, nothing, mask), "gate_mean": gate_mean}
-
-
-def gmpo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *, eps_low: float = 0.4,
-              eps_high: float = 0.4, denominator: float | None = None) -> tuple[Tensor, dict]:
-    """GMPO: one term per sequence, the geometric mean of its sign-aware, log-space-clipped token ratios.
-
-    With l_t = log r_t and c_t = clip(l_t, -eps_low, eps_high): m_t = min(l_t, c_t) for A > 0 and max(l_t, c_t)
-    for A < 0 (PPO's pessimistic side, taken in log space), then L = mean_i -A_i exp(mean_t m_t). A clipped token
-    loses its own gradient but not its sequence's; a token ratio enters as its 1/|o|-th power, so one outlier
-    moves the sequence's weight far less than in GRPO's arithmetic mean. Rows with no valid token are left out.
-
-    Example (eps 0.4 / 0.4): log-ratios [0.6, 0.0] with A = +1: m = [0.4, 0.0] (the first is clipped), weight
-    e^0.2 = 1.221403, loss -1.221403; d loss / d logprobs = [0, -1.221403 / 2 = -0.610701]. With A = -1 the first
-    is not clipped (max(0.6, 0.4)): weight e^0.3 = 1.349859, loss 1.349859, gradient [0.674929, 0.674929].
-
-    Args:
-        logprobs, old_logprobs, mask: (B, T); old_logprobs without grad.
-        advantages: (B,) one per sequence.
-        eps_low, eps_high: log-ratio bounds (the ratio stays in [e^-eps_low, e^eps_high]; the paper's 0.4 / 0.4).
-        denominator: number of sequences to divide by (the whole minibatch's, under gradient accumulation).
-
-    Returns:
-        (loss, stats): clip_frac_low / clip_frac_high = share of valid tokens whose gradient the log-space clip
-        removed (A < 0 below, A > 0 above), clip_frac their sum, ppo_clip_frac (see ``PPO_BAND``), and the
-        token-ratio summaries of ``policy_loss``.
-
-    Copy with: _sequence_mean, _ratio_stats, _own_clip_stats, PPO_BAND.
-
-    Source: GMPO, Zhao et al. 2025 (arXiv 2507.20673), eq. 4; TRL 1.16 ``trl.experimental.gmpo``; verl
-    ``loss_mode="geo_mean"``.
-    """
-    B, T = logprobs.shape
-    has_tokens = mask.sum(-1) > 0  # (B,)
-    advantages = torch.where(has_tokens, advantages, 0.0)  # the advantage of a row with no valid token is not read
-    log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
-    clipped = torch.clamp(log_ratio, -eps_low, eps_high)  # (B, T)
-    a = advantages.unsqueeze(1)  # (B, 1)
-    pessimistic = torch.where(a > 0, torch.minimum(log_ratio, clipped), torch.maximum(log_ratio, clipped))  # (B, T)
-    mean_log = zero_outside(pessimistic, mask).sum(-1) / mask.sum(-1).clamp(min=1)  # (B,)
-    weight = exp_linear_above(mean_log, LOG_RATIO_LINEAR_ABOVE)  # (B,) geometric mean of the clipped ratios
-    per_seq = -advantages * weight  # (B,)
-    loss = _sequence_mean(per_seq, has_tokens, denominator)
-    ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE).detach()  # (B, T) token ratios, for the stats
-    a_tok = a.expand(B, T)
-    stats = _ratio_stats(ratio, a_tok, mask, PPO_BAND, PPO_BAND)
-    return loss, _own_clip_stats(stats, (log_ratio < -eps_low) & (a_tok < 0), (log_ratio > eps_high) & (a_tok > 0),
-                                 mask)
-
-
-def _sequence_mean(per_seq: Tensor, has_tokens: Tensor, denominator: float | None) -> Tensor:
-    """The mean of (B,) per-sequence terms over the rows with a valid token (or their sum / ``denominator``); a
-    batch with no valid row gives 0, not 0 / 0."""
-    valid = has_tokens.to(per_seq.dtype)
-    count = denominator if denominator is not None else valid.sum()
-    return (per_seq * valid).sum() / count if denominator is not None or count > 0 else per_seq.sum() * 0
-
-
-def _own_clip_stats(stats: dict, low: Tensor, high: Tensor, mask: Tensor) -> dict:
-    """``stats`` of PPO's band (kept as ppo_clip_frac) with the clip fractions replaced by a loss's own: the shares
-    of valid tokens in the (B, T) boolean ``low`` and ``high``."""
-    valid = mask > 0
-    n = valid.sum().clamp(min=1)
-    lo, hi = float((low & valid).sum() / n), float((high & valid).sum() / n)
-    return {**stats, "ppo_clip_frac": stats["clip_frac"], "clip_frac_low": lo, "clip_frac_high": hi,
-            "clip_frac": lo + hi}
-
-
-def _ratio_stats(ratio: Tensor, advantages: Tensor, mask: Tensor, eps_low: float, eps_high: float) -> dict:
-    """Clip fractions (where the clip zeroed the gradient) and ratio summaries over valid entries."""
-    with torch.no_grad():
-        valid = mask > 0
-        n = valid.sum().clamp(min=1)
-        low = ((ratio < 1 - eps_low) & (advantages < 0) & valid).sum() / n
-        high = ((ratio > 1 + eps_high) & (advantages > 0) & valid).sum() / n
-        r = ratio[valid]
-        empty = r.numel() == 0
-        return {
-            "clip_frac_low": float(low), "clip_frac_high": float(high), "clip_frac": float(low + high),
-            "ratio_mean": 1.0 if empty else float(r.mean()),
-            "ratio_min": 1.0 if empty else float(r.min()),
-            "ratio_max": 1.0 if empty else float(r.max()),
-            "ratio_std": 0.0 if empty else float(r.std(unbiased=False)),
-        }
+    return loss, ratio_stats(ratio, advantages, mask, eps_low, eps_high)
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *, clip: float | None = 0.2,

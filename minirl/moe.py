@@ -19,8 +19,8 @@ full forward's only by round-off, which can flip a choice only where two experts
 ~1e-6; the tokens were therefore sampled from pi_old up to float noise. (Large systems sample with a separate
 inference engine whose kernels differ more; recording routes in that engine and replaying them in the trainer is
 the "rollout routing replay" (R3) of Ma et al. 2025: ``record_routing(along="sequence")`` around the decode loop,
-``rollout.generate(record_sampler_routes=True)``. Here one process and one kernel make the two the same unless the
-sampler is made to differ on purpose, ``sampler.make_sampler``.)
+``decoding.generate(record_sampler_routes=True)``. Here one process and one kernel make the two the same unless the
+sampler is made to differ on purpose, ``inference_engine.make_sampler``.)
 Recording a full forward also gives one (B, L) grid of routes, so minibatches select rows from it.
 """
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import rollout, tasks
+from . import decoding, tasks
 
 
 @torch.no_grad()
@@ -22,7 +22,7 @@ def sample_preference_data(model, tokenizer, prompts_data, *, n_prompts: int, gr
     """Preference data from the model's own samples: G completions per prompt, scored by the task's checker.
 
     ``n_prompts`` prompts are drawn without replacement (seeded), each sampled ``group_size`` times with
-    ``rollout.generate``, scored with ``tasks.score``; then ``build_preference_pairs`` makes
+    ``decoding.generate``, scored with ``tasks.score``; then ``build_preference_pairs`` makes
     (correct, wrong) pairs inside each group and ``build_kto_examples`` labels every completion
     (all groups: KTO can use the groups that are all correct or all wrong, which give no pair).
 
@@ -43,7 +43,7 @@ def sample_preference_data(model, tokenizer, prompts_data, *, n_prompts: int, gr
     with torch.random.fork_rng():  # CPU and CUDA generators are restored on exit
         torch.manual_seed(seed)
         for i in range(0, len(prompts), prompts_per_batch):
-            r = rollout.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
+            r = decoding.generate(model, tokenizer, prompts[i:i + prompts_per_batch], group_size, max_new_tokens,
                                  temperature=temperature, recompute_logprobs=False)
             completions += r.completions
             truncated += r.truncated.tolist()
@@ -87,7 +87,7 @@ def build_preference_pairs(prompts: Sequence[str], completions: Sequence[str], r
                            group_size: int, *, threshold: float = 0.5):
     """Turn groups of sampled completions with verifiable rewards into (prompt, chosen, rejected) pairs.
 
-    Completions come group by group (G = ``group_size`` samples of the same prompt, as ``rollout.generate`` lays
+    Completions come group by group (G = ``group_size`` samples of the same prompt, as ``decoding.generate`` lays
     them out). In each group a completion is correct when its reward > ``threshold`` (0/1 rewards: reward 1).
     The k-th correct completion (in sampling order) is paired with the k-th wrong one, so a group gives
     min(#correct, #wrong) pairs and no completion is used twice; a group with no correct or no wrong completion

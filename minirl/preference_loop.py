@@ -93,7 +93,7 @@ def encode_completions(tokenizer, prompts: Sequence[str], completions: Sequence[
     """Token ids of prompt + completion + EOS in the rollout layout that ``rollout.token_logprobs`` reads.
 
     Prompts (with BOS) are left-padded to a common length P and completions (with EOS appended) right-padded to
-    T, exactly as ``rollout.generate`` lays out a batch; so the log-probs of a sampled completion that ended with
+    T, exactly as ``decoding.generate`` lays out a batch; so the log-probs of a sampled completion that ended with
     EOS are reproduced to float precision. A truncated sample (no EOS) is encoded with an EOS appended.
 
     Args:

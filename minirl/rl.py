@@ -31,8 +31,8 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import (checkpoint, entropy_control, importance, kl, lora, losses, models, offpolicy, precision, rewards,
-               rollout, sampling, tasks, tracking)
+from . import (checkpoint, decoding, entropy_control, group_filter, importance, kl, lora, losses, models, precision,
+               rewards, rl_offpolicy, rollout, tasks, tracking)
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
 from .evaluation import eval_metrics
@@ -93,14 +93,14 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     if critic is None and cfg.advantage == "gae":
         critic = models.ValueModel(model).to(next(model.parameters()).device)
     optimizer = make_optimizer(model, critic, cfg)
-    sampler = offpolicy.make_step_sampler(model, cfg)  # the trainer itself by default
+    sampler = rl_offpolicy.make_step_sampler(model, cfg)  # the trainer itself by default
     source = pi_old_source(cfg, sampler_is_trainer=sampler is model)  # which log-probs play pi_old, decided once
     beta, history, start, ent = cfg.beta, History(), 0, entropy_control.make_state(cfg, resuming=bool(resume_from))
     callback = tracking.reporting(callback, cfg.report_to, output_dir, last_step=cfg.steps)  # + TensorBoard
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
                                                  ref_model=ref_model, critic=critic)
-        offpolicy.resume_sampler(sampler, model, start, cfg)  # the trainer's weights: exact where it reloads
+        rl_offpolicy.resume_sampler(sampler, model, start, cfg)  # the trainer's weights: exact where it reloads
     elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
                                            reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
@@ -133,14 +133,14 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=ent)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
-        offpolicy.sync_if_due(sampler, model, step, cfg)  # the sampler reloads the weights, as an engine does
+        rl_offpolicy.sync_if_due(sampler, model, step, cfg)  # the sampler reloads the weights, as an engine does
         t_opt = time.time() - t_opt
         # 5. log
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
         row.update({name: float(np.mean(values)) for name, values in logged.items()})
-        row.update(offpolicy.staleness_metrics(step, cfg, batch, old_logprobs))  # with sampler_sync_every > 1
+        row.update(rl_offpolicy.staleness_metrics(step, cfg, batch, old_logprobs))  # with sampler_sync_every > 1
         if source == "recomputed" and sampler is not model:  # the sampler/trainer gap, as the engines log it
             row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
                 old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,
@@ -205,7 +205,8 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
 
     Each reward function receives prompts, completions, completion_ids, the dataset's other columns and
     ``reward_kwargs`` (``rewards.score_completions``). Scores are NaN on unscored rows (None from every
-    function); they count as no signal for dynamic sampling (``sampling.has_signal``). The rollout's ``logprobs``
+    function); they count as no signal for dynamic sampling (``group_filter.has_signal``). The rollout's
+    ``logprobs``
     are the sampler's; pi_old is recomputed on the final batch by ``behaviour_logprobs``. ``min_new_tokens`` is
     for timing fixed work only (``bench``): it forbids EOS, so training on such a rollout would be wrong.
 
@@ -217,7 +218,7 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
     def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
         with precision.autocast(model, cfg.precision):
-            r = rollout.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens,
+            r = decoding.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens,
                                  temperature=cfg.temperature, recompute_logprobs=False,  # pi_old: behaviour_logprobs
                                  min_new_tokens=min_new_tokens, batch_size=cfg.generation_batch_size,
                                  record_sampler_routes=cfg.routing_replay and cfg.replay_source == "sampler",
@@ -230,14 +231,14 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
 
     if not cfg.dynamic_sampling:
         scores, (batch, _) = one_round(0, cfg.prompts_per_step)
-        signal = sampling.has_signal(scores, G)
+        signal = group_filter.has_signal(scores, G)
         return batch, scores, {"gen_rounds": 1, "gen_samples": scores.numel(),
                                "useful_groups": float(signal.float().mean()),
                                "useful_groups_in_batch": int(signal.sum()),
                                "unscored": int(scores.isnan().sum())}
     per_round = cfg.gen_prompts_per_round or cfg.prompts_per_step
-    ds = sampling.dynamic_sampling(lambda i: one_round(i, per_round), cfg.prompts_per_step, G, cfg.max_gen_batches,
-                                   cfg.allow_partial_batch)
+    ds = group_filter.dynamic_sampling(lambda i: one_round(i, per_round), cfg.prompts_per_step, G,
+                                           cfg.max_gen_batches, cfg.allow_partial_batch)
     if not ds.picks:
         raise RuntimeError("dynamic sampling kept no group at all; nothing to train on")
     parts = [rollout.select_groups(r, groups) for (r, _), groups in ds.picks]
@@ -297,7 +298,7 @@ def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig, 
     r3 = cfg.routing_replay and cfg.replay_source == "sampler"
     routes = batch.sampler_routes if r3 else None
     old_logprobs, autocast = None, precision.autocast(model, cfg.precision)
-    kept = offpolicy.kept_sets(batch.kept, cfg)  # (B, T, V) with keep_sampling_mask, else None
+    kept = rl_offpolicy.kept_sets(batch.kept, cfg)  # (B, T, V) with keep_sampling_mask, else None
     if source == "recomputed":
         chunks = torch.arange(len(mask), device=mask.device).split(cfg.logprob_batch_size or len(mask))
         with autocast, record_routing(model) if cfg.routing_replay and not r3 else nullcontext() as recorded:
@@ -472,7 +473,7 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
                     weights = importance.is_weights(old_logprobs, micro.sampler_logprobs, micro.completion_mask,
                                                     correction=cfg.is_correction, cap=cfg.is_cap,
                                                     cap_low=cfg.is_cap_low, form=cfg.is_seq_form)
-                weights = offpolicy.sequence_weights(weights, logprobs, micro.sampler_logprobs, micro.advantages,
+                weights = rl_offpolicy.sequence_weights(weights, logprobs, micro.sampler_logprobs, micro.advantages,
                                                      micro.completion_mask, cfg)  # DeepSeek-V3.2's sequence mask
                 pg_loss, st = entropy_control.policy_objective(  # losses.policy_loss with cfg's entropy controls
                     logprobs, entropy, old_logprobs, micro, cfg, denominator=denominator, is_weights=weights,
@@ -512,7 +513,8 @@ def policy_logprobs(model, micro: RLBatch, cfg: RLConfig) -> tuple[Tensor, Tenso
     recorded routes, call it inside ``replaying(model, micro.routes)`` (``update_minibatch`` does)."""
     return rollout.token_logprobs(model, micro.input_ids, micro.attention_mask, micro.n_prompt_tokens,
                                   temperature=cfg.temperature, return_entropy=True,
-                                  completion_only=cfg.completion_only_head, kept=offpolicy.kept_sets(micro.kept, cfg),
+                                  completion_only=cfg.completion_only_head,
+                                  kept=rl_offpolicy.kept_sets(micro.kept, cfg),
                                   entropy_grad=entropy_control.needs_entropy_grad(cfg))
 
 
@@ -542,7 +544,7 @@ def kl_loss_term(logprobs: Tensor, old_logprobs: Tensor, micro: RLBatch, cfg: RL
     """The KL in the loss: the per-token estimate (ratio-weighted k3 with cfg.kl_ratio_weighted), differentiated,
     aggregated like the policy loss (by sequence under GSPO, whose policy loss has one term per sequence)."""
     agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
-    per_token = offpolicy.kl_terms(logprobs, old_logprobs, micro.ref_logprobs, micro.loss_mask, cfg)  # (b, T)
+    per_token = rl_offpolicy.kl_terms(logprobs, old_logprobs, micro.ref_logprobs, micro.loss_mask, cfg)  # (b, T)
     return losses.aggregate(per_token, micro.loss_mask, agg, max_tokens=cfg.max_new_tokens, denominator=denominator)
 
 

@@ -38,7 +38,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from tqdm import tqdm
 
-from . import models, moe, rl, rollout, tasks
+from . import decoding, models, moe, rl, rollout, tasks
 from .config import PROGRESS_INTERVAL, Profile, make_config, resolve_profile
 from .evaluation import fresh_sample_kl
 from .history import History
@@ -212,7 +212,7 @@ def _update_probe(probe: dict, model, tokenizer, eval_data, cfg):
     rows = eval_data.select(range(probe["prompts"]))
     with torch.random.fork_rng():
         torch.manual_seed(cfg.seed + 2)
-        batch = rollout.generate(model, tokenizer, rows["prompt"], probe["samples"], cfg.max_new_tokens,
+        batch = decoding.generate(model, tokenizer, rows["prompt"], probe["samples"], cfg.max_new_tokens,
                                  temperature=cfg.temperature)
     is_moe = any(type(m).__name__.endswith("TopKRouter") for m in model.modules())
     mask, valid = batch.completion_mask > 0, batch.attention_mask

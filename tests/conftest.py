@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from minirl import models, rollout, tasks
+from minirl import decoding, models, tasks
 from minirl.tokenizer import build_tokenizer
 
 
@@ -19,5 +19,5 @@ def moe_rollout(tok):
     torch.manual_seed(0)
     model = models.tiny_moe(tok, seed=0)
     prompts = list(tasks.load_split("train").select(range(4))["prompt"])
-    r = rollout.generate(model, tok, prompts, group_size=2, max_new_tokens=12, record_routes=True)
+    r = decoding.generate(model, tok, prompts, group_size=2, max_new_tokens=12, record_routes=True)
     return model, r

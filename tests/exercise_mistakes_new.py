@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from minirl import distill, entropy, kl, losses, stale
+from minirl import distill, entropy, kl, losses, stale_corrections
 from minirl.exercises import _reference
 
 
@@ -482,8 +482,8 @@ MINIRL = {
     "pass_at_k": entropy.pass_at_k,
     "reverse_kl_reward": distill.reverse_kl_reward,
     "full_reverse_kl": distill.full_reverse_kl,
-    "decoupled_ppo_terms": stale.decoupled_ppo_terms,
-    "off_policy_sequence_mask": stale.off_policy_sequence_mask,
+    "decoupled_ppo_terms": stale_corrections.decoupled_ppo_terms,
+    "off_policy_sequence_mask": stale_corrections.off_policy_sequence_mask,
 }
 
 

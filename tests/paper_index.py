@@ -7,7 +7,7 @@ three papers' equations has three rows. Entries that cite engine source (TRL, ve
 not papers, and README.md's name table (minirl | TRL | verl) holds them. Rows are sorted by paper, then by equation
 (numerically). Each function is linked to the test that checks it by a marker comment directly above that test:
 
-    # paper-index: losses.aggregate
+    # paper-index: aggregation.aggregate
     def test_aggregate_docstring_example():
 
 (several functions may share one marker line, separated by spaces), and to the first notebook code cell that uses

@@ -9,7 +9,7 @@ import pytest
 import torch
 from standins import build_chat_tokenizer, save_chat_standin
 
-from minirl import chat, config, models, rewards, rl, rollout
+from minirl import chat, config, decoding, models, rewards, rl
 from minirl.tokenizer import build_tokenizer
 
 CONVERSATIONS = [
@@ -70,10 +70,10 @@ def test_system_prompt_and_question_to_conversation():
 
 def test_batched_chat_prompts_give_the_same_logprobs_as_one_at_a_time(standin_dir):
     lm, tok = load(standin_dir)
-    batched = rollout.generate(lm, tok, CONVERSATIONS, 2, 8, greedy=True, temperature=0.7)
+    batched = decoding.generate(lm, tok, CONVERSATIONS, 2, 8, greedy=True, temperature=0.7)
     assert batched.prompts[0] == CONVERSATIONS[0] and len(batched.prompts) == 6  # the message lists, G times each
     for i, conversation in enumerate(CONVERSATIONS):
-        alone = rollout.generate(lm, tok, [conversation], 2, 8, greedy=True, temperature=0.7)
+        alone = decoding.generate(lm, tok, [conversation], 2, 8, greedy=True, temperature=0.7)
         for g in range(2):
             row, n = 2 * i + g, int(alone.lengths[g])
             assert int(batched.lengths[row]) == n

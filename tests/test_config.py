@@ -173,7 +173,8 @@ def test_reinforce_pp_needs_no_groups_and_the_presets_are_valid():
     assert (config.make_config("rloo").agg, config.make_config("rloo").num_minibatches) == ("seq-mean-token-sum", 1)
 
 
-# --- the simulated sampler's settings (minirl.sampler) ----------------------------------------------------------------
+# --- the simulated sampler's settings (minirl.inference_engine)
+# ----------------------------------------------------------------
 def test_the_sampler_settings_are_validated():
     for bad, match in ((dict(sampler_dtype="fp8"), "sampler_dtype"), (dict(pi_old="engine"), "pi_old"),
                        (dict(replay_source="both"), "replay_source"), (dict(sampler_logit_noise=-0.1), ">= 0"),

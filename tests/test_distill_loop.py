@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import config, distill, distill_loop, interop, losses, rl, rollout
+from minirl import config, decoding, distill, distill_loop, interop, losses, rl, rollout
 from minirl.warm_start import SHIPPED_DIR
 
 ON_POLICY = [("reverse_kl", 0.0), ("reverse_kl", 1.0), ("reverse_kl", 0.5), ("full_reverse_kl", 0.0)]
@@ -29,7 +29,7 @@ def cfg_of(distill_="reverse_kl", **kw):
 def batch_of(model, tok, seed=0):
     """8 rows = 2 groups of 4 sampled from ``model``: an RLBatch with random task advantages (B,)."""
     torch.manual_seed(seed)
-    r = rollout.generate(model, tok, ["1+2=", "3+4+5+6="], 4, 6, recompute_logprobs=False)
+    r = decoding.generate(model, tok, ["1+2=", "3+4+5+6="], 4, 6, recompute_logprobs=False)
     adv = torch.randn(8, generator=torch.Generator().manual_seed(seed))
     return rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
                       completion_mask=r.completion_mask, loss_mask=r.completion_mask, old_logprobs=None, advantages=adv)

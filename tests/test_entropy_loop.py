@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import config, entropy, entropy_control, evaluation, interop, losses, rl, rollout
+from minirl import config, decoding, entropy, entropy_control, evaluation, interop, losses, rl, rollout
 from minirl.tokenizer import build_tokenizer
 
 close = partial(helpers.close, atol=1e-6)
@@ -157,7 +157,7 @@ def tiny_update():
     tok = build_tokenizer()
     model = tiny_model(tok)
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, ["1+2=", "3+4+5=", "6+7=", "8+9+1+2="], group_size=2, max_new_tokens=8)
+    r = decoding.generate(model, tok, ["1+2=", "3+4+5=", "6+7=", "8+9+1+2="], group_size=2, max_new_tokens=8)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.5, -1.5, 0.2, -0.2])
     batch = rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
                        completion_mask=r.completion_mask, loss_mask=r.completion_mask, old_logprobs=r.logprobs,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import evaluation, kl, models, rollout, tasks
+from minirl import decoding, evaluation, kl, models, rollout, tasks
 from minirl.tokenizer import build_tokenizer
 
 D = torch.float64
@@ -110,7 +110,7 @@ def tiny_pair():
 def test_sequence_kl_matches_k1_on_many_samples_of_a_real_model(tiny_pair):
     policy, ref, tok = tiny_pair
     torch.manual_seed(0)
-    r = rollout.generate(policy, tok, ["1+2=", "3+4+5="], group_size=200, max_new_tokens=4)
+    r = decoding.generate(policy, tok, ["1+2=", "3+4+5="], group_size=200, max_new_tokens=4)
     with torch.no_grad():
         ref_logp = rollout.token_logprobs(ref, r.input_ids, r.attention_mask, r.n_prompt_tokens)
     k1_sum = (kl.k1(r.logprobs, ref_logp) * r.completion_mask).sum(-1)  # (400,)

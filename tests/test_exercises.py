@@ -23,17 +23,18 @@ from exercise_mistakes_new import MISTAKES as MISTAKES_NEW
 from minirl import (
     advantages,
     checks,
+    decoding,
     distill,
     entropy,
     exercises,
+    group_filter,
     importance,
     kl,
     losses,
     preference,
     rewards,
     rollout,
-    sampling,
-    stale,
+    stale_corrections,
 )
 from minirl.exercises import _reference
 
@@ -135,7 +136,7 @@ MINIRL = {
                                                                                 max_tokens=max_tokens),
     "overlong_penalty": lambda lengths, max_len, cache_len: rewards.overlong_penalty(lengths, max_len=max_len,
                                                                                      cache_len=cache_len),
-    "has_signal": sampling.has_signal,
+    "has_signal": group_filter.has_signal,
     "sequence_ratio": losses.sequence_ratio,
     "gspo_loss": losses.gspo_loss,
     "gspo_token_ratio": minirl_gspo_token_ratio,
@@ -1006,16 +1007,16 @@ def test_refuses_the_answer_key(name):
 
 def test_refuses_every_module_that_holds_an_answer():
     """Any function of an answer-holding module is refused while a submission runs, not only the exercise's own:
-    here k3 through minirl.losses.aggregate (the answer of exercise aggregate)."""
-    assert {"minirl.exercises._reference", "minirl.losses", "minirl.kl", "minirl.advantages"} <= set(
-        exercises._core.answer_modules())
+    here k3 through minirl.aggregation.aggregate (the answer of exercise aggregate)."""
+    assert {"minirl.exercises._reference", "minirl.aggregation", "minirl.clip_alternatives", "minirl.losses",
+            "minirl.kl", "minirl.advantages"} <= set(exercises._core.answer_modules())
 
     def k3_with_aggregate(lp, ref):
         losses.aggregate(lp, torch.ones_like(lp), "token-mean")
         return REFERENCE["k3"](lp, ref)
 
-    with pytest.raises(AssertionError, match=r"calls minirl\.losses\.aggregate, a function of minirl\.losses, a "
-                       r"module that holds the answer of exercise\(s\) .*aggregate"):
+    with pytest.raises(AssertionError, match=r"calls minirl\.aggregation\.aggregate, a function of "
+                       r"minirl\.aggregation, a module that holds the answer of exercise\(s\) .*aggregate"):
         exercises.check("k3", k3_with_aggregate, quiet=True)
     # checks.exp_linear_above, offered to students, stays usable (also through losses, which imports it)
     exercises.check("k3", lambda lp, ref: checks.exp_linear_above(ref - lp, 20.0) - 1 - (ref - lp), quiet=True)
@@ -1091,7 +1092,7 @@ def test_the_checkers_copies_agree_with_minirl():
     lengths = torch.arange(10, 30)
     close(R.overlong_penalty(lengths, max_len=25, cache_len=6), rewards.overlong_penalty(lengths, max_len=25,
                                                                                           cache_len=6))
-    assert torch.equal(R.has_signal(r, 2), sampling.has_signal(r, 2))
+    assert torch.equal(R.has_signal(r, 2), group_filter.has_signal(r, 2))
     ids = torch.randint(0, 4, (5, 7), generator=g)
     close(R.completion_mask(ids, [1, 3]), rollout.completion_mask(ids, [1, 3]).float())
     full = mask[[0, 1, 3]]  # minirl raises for the mean of an empty row
@@ -1146,10 +1147,10 @@ def test_the_checkers_copies_for_chapters_05_06_09_10_12_agree_with_minirl():
     same(R.reverse_kl_reward(lp, ref, mask), distill.reverse_kl_reward(lp, ref, mask))
     for cap in (None, 1.5):
         same(R.decoupled_ppo_terms(lp, old, mu, adv, mask, eps_low=0.2, eps_high=0.28, weight_cap=cap),
-             stale.decoupled_ppo_terms(lp, old, mu, adv, mask, eps_low=0.2, eps_high=0.28, weight_cap=cap))
+             stale_corrections.decoupled_ppo_terms(lp, old, mu, adv, mask, eps_low=0.2, eps_high=0.28, weight_cap=cap))
     for threshold in (0.0, 0.2, 0.5):
         same(R.off_policy_sequence_mask(lp, mu, adv, mask, threshold=threshold),
-             stale.off_policy_sequence_mask(lp, mu, adv, mask, threshold=threshold))
+             stale_corrections.off_policy_sequence_mask(lp, mu, adv, mask, threshold=threshold))
     logits = torch.randn(3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
     teacher, m3 = torch.randn(3, 4, 5, generator=g, dtype=torch.float64), mask[[0, 1, 2], :4]
     for temperature in (1.0, 0.7):
@@ -1167,7 +1168,7 @@ def test_the_checkers_copies_for_chapters_05_06_09_10_12_agree_with_minirl():
 
 
 def test_the_checkers_route_alignment_copy_agrees_with_minirls_rollout():
-    """R.align_sampler_routes on what the routers return while rollout.generate decodes == the sampler_routes that
+    """R.align_sampler_routes on what the routers return while decoding.generate decodes == the sampler_routes that
     generate(record_sampler_routes=True) stores (and R3 replays)."""
     from minirl import models, moe
     from minirl.tokenizer import build_tokenizer
@@ -1189,7 +1190,7 @@ def test_the_checkers_route_alignment_copy_agrees_with_minirls_rollout():
     handles += [r.register_forward_hook(make_hook(i)) for i, r in enumerate(layers)]
     torch.manual_seed(0)
     try:
-        r = rollout.generate(model, tok, ["1+2=", "12+3="], 2, 6, recompute_logprobs=False,
+        r = decoding.generate(model, tok, ["1+2=", "12+3="], 2, 6, recompute_logprobs=False,
                              record_sampler_routes=True)
     finally:
         for h in handles:

@@ -50,7 +50,7 @@ def base_model(tok, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rollout_batch(tok):
-    """The tensors of one rollout of 2 prompts x G = 4 completions, laid out as rollout.generate lays them out."""
+    """The tensors of one rollout of 2 prompts x G = 4 completions, laid out as decoding.generate lays them out."""
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     prompt_ids = enc.input_ids.repeat_interleave(G, 0)  # (B, P)
     prompt_mask = enc.attention_mask.repeat_interleave(G, 0)  # (B, P)

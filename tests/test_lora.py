@@ -12,7 +12,7 @@ import torch
 from standins import save_chat_standin
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
-from minirl import checkpoint, config, evaluation, lora, memory, models, rl, rollout
+from minirl import checkpoint, config, decoding, evaluation, lora, memory, models, rl, rollout
 
 pytest.importorskip("peft")
 
@@ -91,7 +91,7 @@ def test_no_second_copy_of_the_base_and_optimizer_state_for_the_adapter_only(sta
 
 def one_batch(model, tok) -> rl.RLBatch:
     torch.manual_seed(1)
-    r = rollout.generate(model, tok, PROMPTS[:2], 2, 6)
+    r = decoding.generate(model, tok, PROMPTS[:2], 2, 6)
     with torch.no_grad():
         old = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens) * r.completion_mask
     return rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
@@ -104,7 +104,7 @@ def test_the_reference_log_probs_are_the_base_models(standin_dir):
     base = models.load(str(standin_dir))
     ref = lora.AdapterOff(lm)
     torch.manual_seed(0)
-    r = rollout.generate(lm, tok, PROMPTS, 2, 8)
+    r = decoding.generate(lm, tok, PROMPTS, 2, 8)
     args = (r.input_ids, r.attention_mask, r.n_prompt_tokens)
     with torch.no_grad():
         got, want, policy = (rollout.token_logprobs(m, *args) for m in (ref, base, lm))

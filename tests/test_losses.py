@@ -377,7 +377,7 @@ def test_gradient_weight_of_each_token_under_each_aggregation(mode, weights):
     close_1e7(grad, expected)
 
 
-# paper-index: losses.aggregate
+# paper-index: aggregation.aggregate
 def test_aggregate_docstring_example():
     per_token, mask = t_rows([2, 2, 2, 0], [10, 0, 0, 0]), t_rows([1, 1, 1, 0], [1, 0, 0, 0])
     close_1e7(losses.aggregate(per_token, mask, "token-mean"), 4.0)  # (2+2+2+10) / 4 tokens
@@ -600,7 +600,7 @@ def test_gmpo_hand_values():
     assert loss == pytest.approx((-math.exp(0.2) + math.exp(0.3)) / 2)
 
 
-# paper-index: losses.cispo_loss losses.sapo_loss losses.gmpo_loss
+# paper-index: clip_alternatives.cispo_loss clip_alternatives.sapo_loss clip_alternatives.gmpo_loss
 def test_each_function_directly_equals_policy_loss():
     lp, old, mask = t([[-0.4, -1.0]]), t([[-1.0, -1.0]]), t([[1.0, 1.0]])
     direct, _ = losses.gmpo_loss(lp, old, t([1.0]), mask, eps_low=0.4, eps_high=0.4)
@@ -1154,15 +1154,18 @@ def test_each_loss_family_runs_alone_with_the_helpers_its_docstring_names(family
     import inspect
     import re
 
-    from minirl import checks, losses
+    from minirl import aggregation, checks, clip_alternatives, losses
 
-    fn = getattr(losses, family)
+    def find(name):  # the loss modules and the aggregation they share
+        return next(getattr(m, name) for m in (losses, clip_alternatives, aggregation) if hasattr(m, name))
+
+    fn = find(family)
     helpers_line = re.search(r"Copy with: (.+?)\.\n", fn.__doc__).group(1)
     names = [family, *(n.strip() for n in helpers_line.split(","))]
     namespace = {"torch": torch, "Tensor": torch.Tensor, **{n: getattr(checks, n) for n in (
         "zero_outside", "exp_linear_above", "LOG_RATIO_LINEAR_ABOVE", "same_shape", "ndim", "choice")}}
-    source = "\n\n".join(inspect.getsource(getattr(losses, n)) if callable(getattr(losses, n))
-                         else f"{n} = {getattr(losses, n)!r}" for n in reversed(names))
+    source = "\n\n".join(inspect.getsource(find(n)) if callable(find(n)) else f"{n} = {find(n)!r}"
+                         for n in reversed(names))
     exec(compile("from __future__ import annotations\n" + source, f"copy of {family}", "exec"), namespace)
     g = torch.Generator().manual_seed(0)
     B, T = 4, 5

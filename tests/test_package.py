@@ -18,8 +18,11 @@ from minirl import config, models, rl, tasks
 from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-MATH_MODULES = ("advantages", "losses", "kl", "rewards", "sampling", "preference", "importance", "entropy",
-                "distill", "truncation", "stale")
+MATH_MODULES = ("advantages", "aggregation", "losses", "clip_alternatives", "kl", "rewards", "group_filter",
+                "preference", "importance", "entropy", "distill", "truncation", "stale_corrections")
+#: The math modules build on checks.py alone, except the policy losses, which share the aggregation (and losses.py
+#: dispatches to the clip alternatives): copy those together.
+MATH_IMPORTS = {"losses": {".aggregation", ".clip_alternatives"}, "clip_alternatives": {".aggregation"}}
 
 
 # --- copyable math modules ------------------------------------------------------------------------------------------
@@ -32,15 +35,15 @@ def test_math_modules_import_only_torch_the_standard_library_and_checks(module):
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add("." + (node.module or "") if node.level else node.module.split(".")[0])
-    allowed = {"torch", ".checks", "__future__"} | set(sys.stdlib_module_names)
+    allowed = {"torch", ".checks", "__future__"} | MATH_IMPORTS.get(module, set()) | set(sys.stdlib_module_names)
     assert imported <= allowed, f"minirl/{module}.py imports {sorted(imported - allowed)}"
 
 
-def test_no_module_is_longer_than_about_600_lines_and_the_loop_fits_two_screens():
+def test_every_module_is_shorter_than_600_lines_and_the_loop_fits_two_screens():
     # one cap for every module of the package, subpackages included, with no per-file exception: a file that
     # outgrows it splits by idea, as the engine bridge did (minirl/interop/: one module per engine)
     lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "minirl").rglob("*.py")}
-    assert max(lengths.values()) <= 600, {p: n for p, n in lengths.items() if n > 600}
+    assert max(lengths.values()) < 600, {p: n for p, n in lengths.items() if n >= 600}
     src = (ROOT / "minirl" / "rl.py").read_text()
     fn = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == "train_rl")
     assert fn.end_lineno - fn.lineno + 1 <= 120
@@ -100,7 +103,7 @@ def test_the_paper_index_splits_every_cited_equation():
         ("Schulman et al. 2017 (PPO)", "eq. 7"), ("Shao et al. 2024 (DeepSeekMath, GRPO)", "eq. 3"),
         ("Yu et al. 2025 (DAPO)", "eq. 8"), ("Zheng et al. 2025 (GSPO)", "eq. 5-7 and 13-14")]
     rows = paper_index.rows()
-    aggregate = sorted((paper, eq) for paper, eq, fn, _, _ in rows if fn == "`losses.aggregate`")
+    aggregate = sorted((paper, eq) for paper, eq, fn, _, _ in rows if fn == "`aggregation.aggregate`")
     assert aggregate == [("Liu et al. 2025 (Dr. GRPO)", "eq. 2"), ("Shao et al. 2024 (DeepSeekMath, GRPO)", "eq. 3"),
                          ("Yu et al. 2025 (DAPO)", "eq. 12")]
     papers = [r[0].lower() for r in rows]

@@ -5,7 +5,6 @@ import json
 import warnings
 
 import pytest
-
 from helpers import nan_history
 
 from minirl import history, importance, plots

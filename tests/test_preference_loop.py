@@ -13,7 +13,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from minirl import models, preference_data, rollout
+from minirl import decoding, models, preference_data, rollout
 from minirl import preference as pref
 from minirl import preference_loop as loop
 
@@ -49,7 +49,7 @@ def test_encode_completions_reproduces_rollout_logprobs(tok):
     # re-encoding sampled texts gives the rollout's own behaviour log-probs (rows that ended with EOS)
     model = tiny(tok)
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, ["3+4=", "9+9+1+2="], 16, 24)
+    r = decoding.generate(model, tok, ["3+4=", "9+9+1+2="], 16, 24)
     special = set(tok.all_special_ids)
 
     def plain(i):  # ended with EOS and sampled no other special token (decoding would drop it)

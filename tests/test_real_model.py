@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from minirl import config, models, precision, rl, rollout
+from minirl import config, decoding, models, precision, rl, rollout
 from minirl.moe import record_routing
 from minirl.tokenizer import build_tokenizer
 
@@ -65,7 +65,7 @@ def load(path, dtype=torch.float32):
 def rl_batch(model, tok, *, routes: bool = False) -> rl.RLBatch:
     """Four sampled rows (2 prompts x 2) with fixed advantages and pi_old recomputed (routes recorded if asked)."""
     torch.manual_seed(1)
-    r = rollout.generate(model, tok, ["1+2=", "3+4="], 2, 6)
+    r = decoding.generate(model, tok, ["1+2=", "3+4="], 2, 6)
     with torch.no_grad(), record_routing(model) if routes else nullcontext() as recorded:
         old = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens) * r.completion_mask
     return rl.RLBatch(input_ids=r.input_ids, attention_mask=r.attention_mask, n_prompt_tokens=r.n_prompt_tokens,
@@ -98,10 +98,10 @@ def test_right_padding_is_refused_naming_padding_side(dense_dir):
     # another prompt's is (1.34 nats against 0.09; before the fix generate accepted it and said nothing)
     assert kl(alone, right) > 10 * kl(alone, other)
     with pytest.raises(ValueError, match="padding_side is 'right'"):
-        rollout.generate(lm, tok, PROMPTS, 2, 4)
+        decoding.generate(lm, tok, PROMPTS, 2, 4)
     tok.padding_side, tok.pad_token = "left", None
     with pytest.raises(ValueError, match="no pad token"):
-        rollout.generate(lm, tok, PROMPTS, 2, 4)
+        decoding.generate(lm, tok, PROMPTS, 2, 4)
 
 
 def test_minirls_own_tokenizer_pads_on_the_left():
@@ -121,7 +121,7 @@ def test_every_eos_id_of_the_tokenizer_and_the_generation_config_ends_a_row(dens
         hook = lm.lm_head.register_forward_hook(lambda m, i, o, eos=eos: o + 30.0 * F.one_hot(
             torch.tensor(eos), o.shape[-1]))
         torch.manual_seed(0)
-        r = rollout.generate(lm, tok, PROMPTS, 2, 8)
+        r = decoding.generate(lm, tok, PROMPTS, 2, 8)
         hook.remove()
         assert (r.completion_ids[:, 0] == eos).all()
         # before the fix, for the second EOS: lengths [8, 8, 8, 8], every row truncated, all 8 tokens in the loss
@@ -250,7 +250,7 @@ def test_selective_log_softmax_by_hand_and_against_the_full_one():
 def test_chunked_selective_logprobs_equal_todays(dense_dir, batch_size):
     lm, tok = load(dense_dir)
     torch.manual_seed(0)
-    r = rollout.generate(lm, tok, PROMPTS + ["7="], 3, 10, temperature=0.8, recompute_logprobs=False)
+    r = decoding.generate(lm, tok, PROMPTS + ["7="], 3, 10, temperature=0.8, recompute_logprobs=False)
     with torch.no_grad():
         before, entropy_before = token_logprobs_before(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, 0.8)
         now, entropy = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, temperature=0.8,
@@ -261,7 +261,7 @@ def test_chunked_selective_logprobs_equal_todays(dense_dir, batch_size):
 
 def test_the_entropy_carries_no_gradient_and_the_logprobs_do(dense_dir):
     lm, tok = load(dense_dir)
-    r = rollout.generate(lm, tok, PROMPTS, 1, 4)
+    r = decoding.generate(lm, tok, PROMPTS, 1, 4)
     logprobs, entropy = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens,
                                                return_entropy=True)
     assert logprobs.requires_grad and not entropy.requires_grad
@@ -270,11 +270,11 @@ def test_the_entropy_carries_no_gradient_and_the_logprobs_do(dense_dir):
 def test_default_settings_draw_the_same_tokens_and_logprobs_as_before(tok):
     lm = models.tiny_dense(tok)  # the toy: its generation config names the tokenizer's EOS only
     torch.manual_seed(5)
-    r = rollout.generate(lm, tok, PROMPTS, 4, 12, temperature=0.9)
+    r = decoding.generate(lm, tok, PROMPTS, 4, 12, temperature=0.9)
     torch.manual_seed(5)  # the loop as it was: one decode loop to the tokenizer's EOS, one full forward
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     ids, mask = enc.input_ids.repeat_interleave(4, 0), enc.attention_mask.repeat_interleave(4, 0)
-    tokens, _ = rollout.sample_tokens(lm, ids, mask, 12, eos_token_id=tok.eos_token_id,
+    tokens, _ = decoding.sample_tokens(lm, ids, mask, 12, eos_token_id=tok.eos_token_id,
                                       pad_token_id=tok.pad_token_id, temperature=0.9)
     assert torch.equal(r.completion_ids, tokens)
     with torch.no_grad():
@@ -284,21 +284,21 @@ def test_default_settings_draw_the_same_tokens_and_logprobs_as_before(tok):
 
 def test_generation_in_batches_of_rows_gives_the_same_greedy_rollout(dense_dir):
     lm, tok = load(dense_dir)
-    whole = rollout.generate(lm, tok, PROMPTS + ["7="], 2, 10, greedy=True)
+    whole = decoding.generate(lm, tok, PROMPTS + ["7="], 2, 10, greedy=True)
     for size in (1, 4):
-        parts = rollout.generate(lm, tok, PROMPTS + ["7="], 2, 10, greedy=True, batch_size=size,
+        parts = decoding.generate(lm, tok, PROMPTS + ["7="], 2, 10, greedy=True, batch_size=size,
                                  logprob_batch_size=size)
         assert torch.equal(parts.completion_ids, whole.completion_ids)  # padded after EOS to the longest chunk
         assert torch.equal(parts.completion_mask, whole.completion_mask)
         torch.testing.assert_close(parts.logprobs, whole.logprobs, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="batch_size"):
-        rollout.generate(lm, tok, PROMPTS, 2, 4, batch_size=0)
+        decoding.generate(lm, tok, PROMPTS, 2, 4, batch_size=0)
 
 
 def test_r3_sampler_routes_survive_generation_in_batches(moe_dir):
     moe, tok = load(moe_dir)
-    whole = rollout.generate(moe, tok, PROMPTS, 2, 6, greedy=True, record_sampler_routes=True)
-    parts = rollout.generate(moe, tok, PROMPTS, 2, 6, greedy=True, record_sampler_routes=True, batch_size=3)
+    whole = decoding.generate(moe, tok, PROMPTS, 2, 6, greedy=True, record_sampler_routes=True)
+    parts = decoding.generate(moe, tok, PROMPTS, 2, 6, greedy=True, record_sampler_routes=True, batch_size=3)
     assert torch.equal(parts.completion_ids, whole.completion_ids)
     valid = whole.attention_mask > 0  # real prompt tokens and completions up to EOS
     for a, b in zip(parts.sampler_routes.indices, whole.sampler_routes.indices, strict=True):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import advantages, config, losses, models, moe, rl, rollout, tasks, warm_start
+from minirl import advantages, config, decoding, losses, models, moe, rl, rollout, tasks, warm_start
 from minirl.tokenizer import build_tokenizer
 
 TIMING = {"time", "time_generate", "time_optimise"}
@@ -190,7 +190,7 @@ def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkey
     model, tok = tiny
     G = 4
     generated, scored, seen = [], [], {}
-    real_generate = rollout.generate
+    real_generate = decoding.generate
 
     def recording_generate(*args, **kwargs):
         r = real_generate(*args, **kwargs)
@@ -206,7 +206,7 @@ def test_trainer_dynamic_sampling_trains_on_exactly_the_kept_groups(tiny, monkey
         return real_update(model_, optimizer, minibatch, cfg, **kw)
 
     real_update = rl.update_minibatch
-    monkeypatch.setattr(rl.rollout, "generate", recording_generate)
+    monkeypatch.setattr(rl.decoding, "generate", recording_generate)
     monkeypatch.setattr(rl, "update_minibatch", capture)
     cfg = config.make_config("dapo", steps=1, prompts_per_step=2, gen_prompts_per_round=3, group_size=G,
                              max_gen_batches=4, max_new_tokens=6, num_iterations=1, num_minibatches=1,
@@ -245,7 +245,7 @@ def tiny_batch(tiny):
     """A real rollout of the tiny model (8 rows, some truncated) with perturbed behaviour log-probs."""
     model, tok = tiny
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, ["1+2=", "3+4+5=", "6+7=", "8+9+1+2="], group_size=2, max_new_tokens=10)
+    r = decoding.generate(model, tok, ["1+2=", "3+4+5=", "6+7=", "8+9+1+2="], group_size=2, max_new_tokens=10)
     g = torch.Generator().manual_seed(1)
     mask = r.completion_mask
     old = r.logprobs + 0.3 * torch.randn(mask.shape, generator=g) * mask  # ratios off 1, some clipped
@@ -551,7 +551,7 @@ def test_behaviour_logprobs_follow_the_source(tok, source):
     loop's own log-probs, exactly."""
     model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, ["1+2=", "3+4="], 2, 6, recompute_logprobs=False)
+    r = decoding.generate(model, tok, ["1+2=", "3+4="], 2, 6, recompute_logprobs=False)
     cfg = config.make_config("grpo", pi_old="naive" if source == "sampler" else "recomputed")
     old, _, _ = rl.behaviour_logprobs(model, None, r, cfg, source=source)
     if source == "current":

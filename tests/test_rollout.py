@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from minirl import models, rollout
+from minirl import decoding, models, rollout
 from minirl.tokenizer import build_tokenizer
 
 close = partial(helpers.close, atol=5e-7, dtype=torch.float64)
@@ -191,12 +191,12 @@ def test_recomputed_logprobs_match_the_samplers_scores(tiny):
 
 
 def test_generate_behaviour_logprobs_are_the_samplers(tiny):
-    # rollout.generate and a direct generate(output_scores=True) with the same seed draw the same tokens; the
+    # decoding.generate and a direct generate(output_scores=True) with the same seed draw the same tokens; the
     # rollout's behaviour log-probs must equal the sampler's, at the sampler's temperature
     model, tok = tiny
     T, G = 0.6, 3
     torch.manual_seed(5)
-    r = rollout.generate(model, tok, PROMPTS, G, max_new_tokens=10, temperature=T)
+    r = decoding.generate(model, tok, PROMPTS, G, max_new_tokens=10, temperature=T)
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     torch.manual_seed(5)
     out = model.generate(input_ids=enc.input_ids.repeat_interleave(G, 0),
@@ -233,7 +233,7 @@ def test_checkpoint_repetition_penalty_does_not_reach_the_sampler(tmp_path):
     tok = build_tokenizer()
     lm = checkpoint(tmp_path, tok, small=False, repetition_penalty=1.05)
     torch.manual_seed(0)
-    r = rollout.generate(lm, tok, ["1+2="], 1, 1)
+    r = decoding.generate(lm, tok, ["1+2="], 1, 1)
     ids = tok(["1+2="], return_tensors="pt").input_ids  # (1, P): <bos> 1 + 2 =
     with torch.no_grad():
         z = lm(input_ids=ids).logits[0, -1].float()  # (V,) the logits of the first completion token
@@ -264,9 +264,9 @@ def test_behaviour_logprobs_are_the_samplers_whatever_the_checkpoint_sets(tmp_pa
     bare = checkpoint(tmp_path / "bare", tok)
     T = 0.8
     torch.manual_seed(3)
-    r = rollout.generate(lm, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
+    r = decoding.generate(lm, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
     torch.manual_seed(3)
-    r_bare = rollout.generate(bare, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
+    r_bare = decoding.generate(bare, tok, PROMPTS, 4, max_new_tokens=8, temperature=T)
     assert torch.equal(r.input_ids, r_bare.input_ids)
     with torch.no_grad():
         plain = rollout.token_logprobs(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens, temperature=T)
@@ -280,7 +280,7 @@ def test_greedy_ignores_the_checkpoint_too(tmp_path):
     # would change which token is the largest
     tok = build_tokenizer("0123456789+=;#")
     lm = checkpoint(tmp_path, tok, do_sample=True, repetition_penalty=3.0, no_repeat_ngram_size=1)
-    r = rollout.generate(lm, tok, PROMPTS, 1, max_new_tokens=8, greedy=True)
+    r = decoding.generate(lm, tok, PROMPTS, 1, max_new_tokens=8, greedy=True)
     with torch.no_grad():
         logits = rollout.completion_logits(lm, r.input_ids, r.attention_mask, r.n_prompt_tokens)  # (B, T, V)
     valid = r.completion_mask > 0
@@ -314,7 +314,7 @@ class Scripted(torch.nn.Module):
         return {"logits": logits, "cache": step}
 
 
-# paper-index: rollout.sample_tokens
+# paper-index: decoding.sample_tokens
 def test_sample_tokens_by_hand():
     # rows 0, 1, 2 end at steps 0, 1, 2: completion [[EOS, pad, pad], [x, EOS, pad], [x, y, EOS]], x, y in {1, 3};
     # log-probs: log 1 = 0 for EOS, log 1/2 = -0.6931 for each even split, 0 after EOS; three calls, then stop
@@ -322,7 +322,7 @@ def test_sample_tokens_by_hand():
     ids = torch.tensor([[0, 5, 6], [5, 6, 7], [5, 6, 7]])
     am = torch.tensor([[0, 1, 1], [1, 1, 1], [1, 1, 1]])
     torch.manual_seed(0)
-    tokens, logp = rollout.sample_tokens(model, ids, am, 10, eos_token_id=2, pad_token_id=0)
+    tokens, logp = decoding.sample_tokens(model, ids, am, 10, eos_token_id=2, pad_token_id=0)
     assert tokens.shape == (3, 3) and len(model.fed) == 3  # stopped when every row was done
     assert tokens[0].tolist() == [2, 0, 0] and tokens[1, 1] == 2 and tokens[2, 2] == 2
     assert {tokens[1, 0].item(), tokens[2, 0].item(), tokens[2, 1].item()} <= {1, 3}
@@ -341,10 +341,10 @@ def test_sample_tokens_min_new_tokens_forbids_eos():
     model = Scripted(eos_logit=20.0)
     ids, am = torch.tensor([[5, 6, 7]]), torch.ones(1, 3, dtype=torch.long)
     torch.manual_seed(0)
-    tokens, logp = rollout.sample_tokens(model, ids, am, 8, eos_token_id=2, pad_token_id=0)
+    tokens, logp = decoding.sample_tokens(model, ids, am, 8, eos_token_id=2, pad_token_id=0)
     assert tokens.tolist() == [[2]]
     torch.manual_seed(0)
-    tokens, logp = rollout.sample_tokens(model, ids, am, 8, eos_token_id=2, pad_token_id=0, min_new_tokens=3)
+    tokens, logp = decoding.sample_tokens(model, ids, am, 8, eos_token_id=2, pad_token_id=0, min_new_tokens=3)
     assert tokens.shape == (1, 4) and tokens[0, 3] == 2 and set(tokens[0, :3].tolist()) <= {1, 3}
     half = math.log(0.5)
     close(logp, torch.tensor([[half, half, half, 20 - math.log(math.exp(20) + 2)]]))
@@ -365,7 +365,7 @@ def test_sample_tokens_draws_what_generate_draws(tiny, temperature, greedy):
                              top_p=1.0 if not greedy else None, output_scores=True, return_dict_in_generate=True,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         torch.manual_seed(seed)
-        tokens, logp = rollout.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
+        tokens, logp = decoding.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
                                              pad_token_id=tok.pad_token_id, temperature=temperature, greedy=greedy)
         assert torch.equal(out.sequences[:, ids.shape[1]:], tokens)
         mask = rollout.completion_mask(tokens, tok.eos_token_id)
@@ -380,7 +380,7 @@ def test_sample_tokens_bad_input(tiny):
     for kwargs in (dict(max_new_tokens=0), dict(temperature=0.0), dict(min_new_tokens=-1)):
         args = {"max_new_tokens": 4, **kwargs}
         with pytest.raises(ValueError, match="max_new_tokens >= 1"):
-            rollout.sample_tokens(model, ids, am, args.pop("max_new_tokens"), eos_token_id=tok.eos_token_id,
+            decoding.sample_tokens(model, ids, am, args.pop("max_new_tokens"), eos_token_id=tok.eos_token_id,
                                   pad_token_id=tok.pad_token_id, **args)
 
 
@@ -389,23 +389,23 @@ def test_generate_min_new_tokens_and_skipped_recompute(tiny):
     # which equal the recomputed ones to float precision when the sampler is the trainer
     model, tok = tiny
     torch.manual_seed(2)
-    r = rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=9, min_new_tokens=9)
+    r = decoding.generate(model, tok, PROMPTS, 2, max_new_tokens=9, min_new_tokens=9)
     assert r.completion_ids.shape[1] == 9 and bool(r.truncated.all())  # no EOS anywhere
     torch.manual_seed(2)
-    a = rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=9)
+    a = decoding.generate(model, tok, PROMPTS, 2, max_new_tokens=9)
     torch.manual_seed(2)
-    b = rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=9, recompute_logprobs=False)
+    b = decoding.generate(model, tok, PROMPTS, 2, max_new_tokens=9, recompute_logprobs=False)
     assert torch.equal(a.input_ids, b.input_ids) and b.logprobs is b.sampler_logprobs
     torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="record_routes"):
-        rollout.generate(model, tok, PROMPTS, 2, max_new_tokens=4, record_routes=True, recompute_logprobs=False)
+        decoding.generate(model, tok, PROMPTS, 2, max_new_tokens=4, record_routes=True, recompute_logprobs=False)
 
 
 def test_rollout_fields_are_consistent(tiny):
     model, tok = tiny
     model.train()
     torch.manual_seed(1)
-    r = rollout.generate(model, tok, PROMPTS, 4, max_new_tokens=12, temperature=1.3)
+    r = decoding.generate(model, tok, PROMPTS, 4, max_new_tokens=12, temperature=1.3)
     assert model.training  # the train/eval mode is restored
     B, T = r.completion_ids.shape
     assert B == 12 and r.n_prompt_tokens == r.input_ids.shape[1] - T
@@ -450,8 +450,8 @@ def test_select_groups_and_concat_keep_logprobs_valid(tiny):
     # give the stored behaviour log-probs when recomputed
     model, tok = tiny
     torch.manual_seed(2)
-    a = rollout.generate(model, tok, ["1+2=", "7+7+7+7="], 2, max_new_tokens=5, temperature=0.9)
-    b = rollout.generate(model, tok, ["3+4+5+6+7=", "1+1="], 2, max_new_tokens=9, temperature=0.9)
+    a = decoding.generate(model, tok, ["1+2=", "7+7+7+7="], 2, max_new_tokens=5, temperature=0.9)
+    b = decoding.generate(model, tok, ["3+4+5+6+7=", "1+1="], 2, max_new_tokens=9, temperature=0.9)
     sel = rollout.select_groups(b, [1])
     assert sel.prompt_index.tolist() == [1, 1] and torch.equal(sel.input_ids, b.input_ids[2:4])
     c = rollout.concat([a, sel], tok.pad_token_id)
@@ -465,11 +465,11 @@ def test_select_groups_and_concat_keep_logprobs_valid(tiny):
 def test_generate_bad_input(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="group_size"):
-        rollout.generate(model, tok, PROMPTS, 0, 4)
+        decoding.generate(model, tok, PROMPTS, 0, 4)
     with pytest.raises(ValueError, match="temperature"):
-        rollout.generate(model, tok, PROMPTS, 2, 4, temperature=0.0)
+        decoding.generate(model, tok, PROMPTS, 2, 4, temperature=0.0)
     with pytest.raises(ValueError, match="prompt"):
-        rollout.generate(model, tok, [], 2, 4)
+        decoding.generate(model, tok, [], 2, 4)
 
 
 def test_sequence_logprobs_of_an_empty_completion_is_never_nan():

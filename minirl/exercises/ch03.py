@@ -102,7 +102,7 @@ def _(fn, gen):
 ex = _exercise("grpo_loss", "03",
                "grpo_loss(logprobs, old_logprobs, ref_logprobs, advantages, mask, *, eps=0.2, beta=0.04) -> loss",
                "minirl.losses.policy_loss + beta * aggregate(kl.kl_in_loss(..., 'k3')), both seq-mean-token-mean",
-               ("minirl.losses.policy_loss", "minirl.losses.token_clip_loss", "minirl.losses.aggregate",
+               ("minirl.losses.policy_loss", "minirl.losses.token_clip_loss", "minirl.aggregation.aggregate",
                 "minirl.kl.k3", "minirl.kl.kl_in_loss", "minirl.kl.kl_estimate"))
 TOKEN_MEAN_NOT_SEQ = ("this is the per-token mean over the whole batch: DAPO's mode, not GRPO's (GRPO averages "
                       "each sequence's tokens, then the sequences)")

@@ -32,7 +32,8 @@ from .ch03 import LAYOUT, TOKEN_MEAN_NOT_SEQ
 
 
 ex = _exercise("aggregate", "05", "aggregate(per_token, mask, mode, *, max_tokens=None) -> scalar  (modes token-mean, "
-               "seq-mean-token-mean, seq-mean-token-sum-norm)", "minirl.losses.aggregate", ("minirl.losses.aggregate",))
+               "seq-mean-token-mean, seq-mean-token-sum-norm)", "minirl.aggregation.aggregate",
+               ("minirl.aggregation.aggregate",))
 PER_T = "divides each row by the padded length T instead of its number of valid tokens"
 DRGRPO_LENGTH = ("Dr. GRPO's normaliser is the constant max_tokens, not each row's own length (that brings the "
                  "length bias back)")
@@ -143,7 +144,7 @@ def _(fn, gen):
 # ------------------------------------------------------------------------------------------------- has_signal
 
 ex = _exercise("has_signal", "05", "has_signal(rewards, group_size) -> (num_groups,) bool",
-               "minirl.sampling.has_signal", ("minirl.sampling.has_signal",))
+               "minirl.group_filter.has_signal", ("minirl.group_filter.has_signal",))
 ANY_CORRECT = ("a group that is ALL correct carries no signal either: keep the groups whose rewards are not all "
                "equal (DAPO eq. 11: 0 < #correct < G)")
 
@@ -178,8 +179,9 @@ def _(fn, gen):
 # 05 · beyond the clip: CISPO and SAPO (notebook 05, section 1b)
 
 ex = _exercise("cispo_loss", "05", "cispo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.2, eps_high=0.2) "
-               "-> loss (token-mean; advantages (B,))", "minirl.losses.cispo_loss (form='two-sided', agg='token-mean')",
-               ("minirl.losses.cispo_loss", "minirl.losses.policy_loss"))
+               "-> loss (token-mean; advantages (B,))",
+               "minirl.clip_alternatives.cispo_loss (form='two-sided', agg='token-mean')",
+               ("minirl.clip_alternatives.cispo_loss", "minirl.losses.policy_loss"))
 CISPO_IS_NOT_PPO = ("this is PPO's clipped surrogate -A * clip(r): CISPO multiplies the DETACHED, clipped weight by "
                     "log pi (REINFORCE's -A log pi), so a token whose ratio left the band keeps its gradient "
                     "(only its weight stops growing)")
@@ -271,8 +273,8 @@ def _(fn, gen):
 # --------------------------------------------------------------------------------------------------- sapo_loss
 
 ex = _exercise("sapo_loss", "05", "sapo_loss(logprobs, old_logprobs, advantages, mask, *, tau_pos=1.0, tau_neg=1.05) "
-               "-> loss (seq-mean-token-mean; advantages (B,))", "minirl.losses.sapo_loss",
-               ("minirl.losses.sapo_loss", "minirl.losses.policy_loss"))
+               "-> loss (seq-mean-token-mean; advantages (B,))", "minirl.clip_alternatives.sapo_loss",
+               ("minirl.clip_alternatives.sapo_loss", "minirl.losses.policy_loss"))
 TAU_SWAPPED = ("the temperatures are swapped: tau_pos is for tokens with a positive advantage, tau_neg for A <= 0 "
                "(SAPO eq. 6: negative tokens decay faster)")
 TAU_BY_RATIO = ("the temperature follows the sign of the ADVANTAGE, not the side of 1 the ratio is on (the sign "
@@ -373,8 +375,8 @@ def _(fn, gen):
 # --------------------------------------------------------------------------------------------------- gmpo_loss
 
 ex = _exercise("gmpo_loss", "05", "gmpo_loss(logprobs, old_logprobs, advantages, mask, *, eps_low=0.4, eps_high=0.4) "
-               "-> loss (mean over sequences; advantages (B,))", "minirl.losses.gmpo_loss",
-               ("minirl.losses.gmpo_loss", "minirl.losses.policy_loss"))
+               "-> loss (mean over sequences; advantages (B,))", "minirl.clip_alternatives.gmpo_loss",
+               ("minirl.clip_alternatives.gmpo_loss", "minirl.losses.policy_loss"))
 GMPO_SIDE = ("for A < 0 the pessimistic side is the LARGER log-ratio, max(l, clip(l)), not min: the sign error of a "
              "min / max clip for negative advantages (PPO takes the max of -A r and -A clip(r); in log space that is "
              "min for A > 0 and max for A < 0)")

@@ -92,8 +92,8 @@ def _(fn, gen):
 # 11 · Rollout Routing Replay (R3): the sampler's routes, aligned with the trainer's forward
 
 ex = _exercise("align_sampler_routes", "11", "align_sampler_routes(step_indices, batch_size) -> list over layers of "
-               "(B, P + T, k) long", "minirl.rollout.generate (record_sampler_routes=True) with "
-               "minirl.moe.record_routing(along='sequence')", ("minirl.rollout.generate", "minirl.moe.record_routing"))
+               "(B, P + T, k) long", "minirl.decoding.generate (record_sampler_routes=True) with "
+               "minirl.moe.record_routing(along='sequence')", ("minirl.decoding.generate", "minirl.moe.record_routing"))
 LAST_MISSING = ("decoding never feeds the last sampled token, so the decode loop recorded P + T - 1 positions; the "
                 "trainer's forward over prompt + completion has P + T: add one for the last position (repeat the "
                 "one before it: its output predicts nothing the loss reads)")

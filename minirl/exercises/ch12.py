@@ -15,7 +15,7 @@ from ._core import _case, _exercise, _expect, _expect_finite, _grad, _leaf, _pre
 
 ex = _exercise("decoupled_ppo_terms", "12", "decoupled_ppo_terms(logprobs, prox_logprobs, behaviour_logprobs, "
                "advantages, mask, *, eps_low=0.2, eps_high=None, weight_cap=None) -> (B, T) (advantages (B,))",
-               "minirl.stale.decoupled_ppo_terms", ("minirl.stale.decoupled_ppo_terms",))
+               "minirl.stale_corrections.decoupled_ppo_terms", ("minirl.stale_corrections.decoupled_ppo_terms",))
 BEHAVIOUR_CLIP = ("the clip is around the stale BEHAVIOUR policy (r = pi / mu, naive PPO with the sampler as pi_old): "
                   "a token is clipped for the sampler's staleness before any update and loses its gradient; decoupled "
                   "PPO clips r = pi / pi_prox and corrects for the sampler with the weight pi_prox / mu")
@@ -119,8 +119,9 @@ def _(fn, gen):
 # 12 · DeepSeek-V3.2's off-policy sequence mask
 
 ex = _exercise("off_policy_sequence_mask", "12", "off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, "
-               "mask, *, threshold) -> (B,) float, 1 keep / 0 drop", "minirl.stale.off_policy_sequence_mask",
-               ("minirl.stale.off_policy_sequence_mask",))
+               "mask, *, threshold) -> (B,) float, 1 keep / 0 drop",
+               "minirl.stale_corrections.off_policy_sequence_mask",
+               ("minirl.stale_corrections.off_policy_sequence_mask",))
 MASK_DIRECTION = ("the log-ratio is log mu - log pi (the SAMPLER over the current policy): large when the current "
                   "policy finds the sequence much less likely than the sampler did")
 DROPS_POSITIVE = ("only sequences with a NEGATIVE advantage are dropped: a positive (or zero) advantage is always "

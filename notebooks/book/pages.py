@@ -82,7 +82,7 @@ EQUATIONS = {
     "rewards.overlong_penalty": r"R_{\text{length}}(y) = \begin{cases} 0 & |y| \le L_{\max} - L_{\text{cache}} \\ "
                                 r"\frac{(L_{\max} - L_{\text{cache}}) - |y|}{L_{\text{cache}}} & L_{\max} - "
                                 r"L_{\text{cache}} < |y| \le L_{\max} \\ -1 & L_{\max} < |y| \end{cases}",
-    "sampling.has_signal": r"0 < \big|\{ y_i : y_i \text{ correct} \}\big| < G",
+    "group_filter.has_signal": r"0 < \big|\{ y_i : y_i \text{ correct} \}\big| < G",
     "importance.token_tis_weights": r"w_t = \min\Big(\frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}, C\Big)",
     "importance.token_mis_weights": r"w_t = \rho_t \, \mathbb{1}[C_{\min} \le \rho_t \le C_{\max}], \qquad "
                                     r"\rho_t = \frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}",
@@ -126,7 +126,7 @@ def preset_functions(name: str) -> list[str]:
     if cfg.beta > 0:
         out += [f"kl.{cfg.kl_estimator}", f"kl.kl_in_{cfg.kl_placement}"]
     if cfg.dynamic_sampling:
-        out += ["sampling.has_signal", "sampling.dynamic_sampling"]
+        out += ["group_filter.has_signal", "group_filter.dynamic_sampling"]
     if cfg.overlong_shaping:
         out.append("rewards.overlong_penalty")
     for qualname in out:  # a renamed function fails the build here, not silently on the page

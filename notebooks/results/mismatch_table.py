@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from minirl import moe, rollout, tasks
-from minirl.sampler import make_sampler
+from minirl import decoding, moe, rollout, tasks
+from minirl.inference_engine import make_sampler
 from minirl.warm_start import warm_start
 
 SETTINGS = {
@@ -35,7 +35,7 @@ SEEDS = (0, 1, 2)
 def measure(model, tok, prompts, setting: dict, seed: int, is_moe: bool) -> dict:
     sampler = make_sampler(model, seed=seed, **setting)
     torch.manual_seed(seed)
-    r = rollout.generate(sampler, tok, prompts, 8, 40, recompute_logprobs=False, record_sampler_routes=is_moe)
+    r = decoding.generate(sampler, tok, prompts, 8, 40, recompute_logprobs=False, record_sampler_routes=is_moe)
     with torch.no_grad(), (moe.record_routing(model) if is_moe else torch.no_grad()) as own:
         old = rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens)
     mask = r.completion_mask

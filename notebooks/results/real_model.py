@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from standins import save_chat_standin  # noqa: E402
 from test_real_model import PROMPTS, grads, moved_share, rl_batch, save_standin, saved_activation_bytes  # noqa: E402
 
-from minirl import checkpoint, config, lora, memory, models, precision, rl, rollout  # noqa: E402
+from minirl import checkpoint, config, lora, memory, models, precision, rl, decoding, rollout  # noqa: E402
 from minirl.moe import replay_routing  # noqa: E402
 from minirl.tokenizer import build_tokenizer  # noqa: E402
 
@@ -59,7 +59,7 @@ def padding_trap(path) -> dict:
     tok.padding_side = "right"
     right = first_token_logp(PROMPTS)[0]
     try:
-        rollout.generate(lm, tok, PROMPTS, 2, 4)
+        decoding.generate(lm, tok, PROMPTS, 2, 4)
         after = "accepted"
     except ValueError as err:
         after = f"ValueError: {str(err)[:80]}..."
@@ -74,10 +74,10 @@ def eos_trap(path) -> dict:
     enc = tok(PROMPTS, return_tensors="pt", padding=True)
     ids, mask = enc.input_ids.repeat_interleave(2, 0), enc.attention_mask.repeat_interleave(2, 0)
     torch.manual_seed(0)
-    tokens, _ = rollout.sample_tokens(lm, ids, mask, 8, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    tokens, _ = decoding.sample_tokens(lm, ids, mask, 8, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     before = rollout.completion_mask(tokens, tok.eos_token_id).sum(-1)  # the tokenizer's EOS only
     torch.manual_seed(0)
-    after = rollout.generate(lm, tok, PROMPTS, 2, 8).lengths
+    after = decoding.generate(lm, tok, PROMPTS, 2, 8).lengths
     hook.remove()
     return {"lengths_before": before.tolist(), "lengths_after": after.tolist(),
             "eos_ids_after": rollout.eos_token_ids(tok, lm)}

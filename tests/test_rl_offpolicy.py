@@ -1,9 +1,10 @@
-"""Stale and truncated samplers in the loop (issue 37): the top-k / top-p sampler (rollout.sample_tokens, generate),
+"""Stale and truncated samplers in the loop (issue 37): the top-k / top-p sampler (decoding.sample_tokens, generate),
 the trainer's log-probs renormalised over its kept sets (token_logprobs(kept=...), keep_sampling_mask), the off-policy
 sequence mask and the ratio-weighted k3 as RLConfig options, the stale sampler (sampler_sync_every) and decoupled PPO
 from the existing switches, their settings, and equality with TRL 1.16's loss through ``to_trl``.
 
-The math these call is tested in test_stale.py (hand values, enumerations, TRL's staticmethod); here: that the loop
+The math these call is tested in test_stale_corrections.py (hand values, enumerations, TRL's staticmethod); here: that
+the loop
 calls it as it says, with every option off giving today's tokens and numbers.
 """
 
@@ -14,11 +15,24 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_stale import _random_batch, _trl, _trl_compute_loss
+from test_stale_corrections import _random_batch, _trl, _trl_compute_loss
 
-from minirl import config, importance, kl_toy, losses, models, offpolicy, rl, rollout, stale, tasks, truncation
+from minirl import (
+    config,
+    decoding,
+    importance,
+    kl_toy,
+    losses,
+    models,
+    rl,
+    rl_offpolicy,
+    rollout,
+    stale_corrections,
+    tasks,
+    truncation,
+)
+from minirl.inference_engine import make_sampler
 from minirl.interop import to_trl, trl_kwargs, verl_overrides
-from minirl.sampler import make_sampler
 from minirl.tokenizer import build_tokenizer
 
 PROMPTS = ["1+2=", "3+4+5+6+7=", "8+9+1="]
@@ -45,15 +59,15 @@ def test_truncation_off_draws_todays_tokens(tiny, off):
     ids, am = _prompts(tok)
     for seed in range(3):
         torch.manual_seed(seed)
-        plain = rollout.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        plain = decoding.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         torch.manual_seed(seed)
-        same = rollout.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
+        same = decoding.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
                                      pad_token_id=tok.pad_token_id, **off)
         assert torch.equal(plain[0], same[0]) and torch.equal(plain[1], same[1])
     torch.manual_seed(0)
-    a = rollout.generate(model, tok, PROMPTS, 4, 12)
+    a = decoding.generate(model, tok, PROMPTS, 4, 12)
     torch.manual_seed(0)
-    b = rollout.generate(model, tok, PROMPTS, 4, 12, **off)
+    b = decoding.generate(model, tok, PROMPTS, 4, 12, **off)
     assert torch.equal(a.completion_ids, b.completion_ids) and b.kept is None
 
 
@@ -69,7 +83,7 @@ def test_truncated_sampler_draws_what_transformers_generate_draws(tiny, top_k, t
                              top_p=top_p or 1.0, output_scores=True, return_dict_in_generate=True,
                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
         torch.manual_seed(seed)
-        tokens, logp, kept = rollout.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
+        tokens, logp, kept = decoding.sample_tokens(model, ids, am, 12, eos_token_id=tok.eos_token_id,
                                                    pad_token_id=tok.pad_token_id, top_k=top_k, top_p=top_p,
                                                    return_kept=True)
         assert torch.equal(out.sequences[:, ids.shape[1]:], tokens)
@@ -85,10 +99,10 @@ def test_truncated_sampler_draws_what_transformers_generate_draws(tiny, top_k, t
 def test_naive_ratio_is_the_kept_mass_and_the_renormalised_ratio_is_one_on_a_model(tiny):
     """Sampler = trainer, top-p 0.6: the full-vocabulary ratio pi / mu of every sampled token is S, the kept mass
     (< 1), and pi_K / mu = 1 (float32 round-off of two forwards, the decode loop's and the full one: 2e-6 here; the
-    float64 categorical of test_stale.py gives 1 to 1e-15)."""
+    float64 categorical of test_stale_corrections.py gives 1 to 1e-15)."""
     model, tok = tiny
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, PROMPTS, 4, 12, top_p=0.6, recompute_logprobs=False)
+    r = decoding.generate(model, tok, PROMPTS, 4, 12, top_p=0.6, recompute_logprobs=False)
     P, valid = r.n_prompt_tokens, r.completion_mask > 0
     with torch.no_grad():
         full = rollout.token_logprobs(model, r.input_ids, r.attention_mask, P)
@@ -107,7 +121,7 @@ def test_the_loop_reads_the_kept_sets_only_with_keep_sampling_mask(tiny):
     and score the full vocabulary without it; the kept sets travel with the minibatch (RLBatch[rows])."""
     model, tok = tiny
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, PROMPTS, 4, 10, top_k=4, recompute_logprobs=False)
+    r = decoding.generate(model, tok, PROMPTS, 4, 10, top_k=4, recompute_logprobs=False)
     valid = r.completion_mask > 0
     on = config.make_config("grpo", beta=0.0, top_k=4, keep_sampling_mask=True)
     off = config.make_config("grpo", beta=0.0, top_k=4)
@@ -129,8 +143,8 @@ def test_the_loop_reads_the_kept_sets_only_with_keep_sampling_mask(tiny):
 def test_kept_sets_survive_select_groups_and_concat(tiny):
     model, tok = tiny
     torch.manual_seed(0)
-    a = rollout.generate(model, tok, PROMPTS[:2], 2, 4, top_p=0.7)
-    b = rollout.generate(model, tok, PROMPTS[2:], 2, 9, top_p=0.7)
+    a = decoding.generate(model, tok, PROMPTS[:2], 2, 4, top_p=0.7)
+    b = decoding.generate(model, tok, PROMPTS[2:], 2, 9, top_p=0.7)
     both = rollout.concat([rollout.select_groups(a, [1]), b], tok.pad_token_id)
     T = both.completion_ids.shape[1]
     assert both.kept.shape == (4, T, a.kept.shape[-1])
@@ -142,7 +156,7 @@ def test_a_float16_sampler_is_closer_to_the_trainer_than_a_bfloat16_one(tiny):
     float32 trainer's (Qi et al. 2025's argument), both far below a nat."""
     model, tok = tiny
     torch.manual_seed(0)
-    r = rollout.generate(model, tok, PROMPTS, 4, 12)
+    r = decoding.generate(model, tok, PROMPTS, 4, 12)
     gaps = {}
     for dtype in ("bfloat16", "float16"):
         sampler = make_sampler(model, dtype=dtype)
@@ -172,11 +186,11 @@ def test_defaults_are_off():
     cfg = config.make_config("grpo")
     assert (cfg.top_k, cfg.top_p, cfg.keep_sampling_mask, cfg.sampler_sync_every, cfg.off_policy_mask_threshold,
             cfg.kl_ratio_weighted) == (0, 1.0, False, 1, None, False)
-    assert not offpolicy.truncating(cfg) and offpolicy.staleness_metrics(3, cfg, None, None) == {}
+    assert not rl_offpolicy.truncating(cfg) and rl_offpolicy.staleness_metrics(3, cfg, None, None) == {}
 
 
 # ================================================================================ 2. the loop's loss options
-# paper-index: offpolicy.sequence_weights
+# paper-index: rl_offpolicy.sequence_weights
 def test_sequence_weights_by_hand():
     """log mu [[-1, -2], [-1, -1]], log pi [[-2, -3], [-1.2, -1]], A [-1, -1], delta 0.5: row 0's mean log(mu / pi)
     is 1.0 > 0.5 -> dropped; row 1's 0.1 -> kept. Multiplied into (B,) or (B, T) weights; None threshold: unchanged."""
@@ -184,14 +198,14 @@ def test_sequence_weights_by_hand():
         torch.ones(2, 2)
     A = torch.tensor([-1.0, -1.0])
     cfg = config.make_config("grpo", off_policy_mask_threshold=0.5)
-    assert offpolicy.sequence_weights(None, pi, mu, A, mask, cfg).tolist() == [0.0, 1.0]
-    assert offpolicy.sequence_weights(torch.tensor([2.0, 3.0]), pi, mu, A, mask, cfg).tolist() == [0.0, 3.0]
+    assert rl_offpolicy.sequence_weights(None, pi, mu, A, mask, cfg).tolist() == [0.0, 1.0]
+    assert rl_offpolicy.sequence_weights(torch.tensor([2.0, 3.0]), pi, mu, A, mask, cfg).tolist() == [0.0, 3.0]
     w = torch.tensor([[0.5, 2.0], [1.5, 1.0]])
-    assert offpolicy.sequence_weights(w, pi, mu, A, mask, cfg).tolist() == [[0.0, 0.0], [1.5, 1.0]]
-    assert offpolicy.sequence_weights(None, pi, mu, -A, mask, cfg).tolist() == [1.0, 1.0]  # A > 0: always kept
-    assert offpolicy.sequence_weights(w, pi, mu, A, mask, config.make_config("grpo")) is w
+    assert rl_offpolicy.sequence_weights(w, pi, mu, A, mask, cfg).tolist() == [[0.0, 0.0], [1.5, 1.0]]
+    assert rl_offpolicy.sequence_weights(None, pi, mu, -A, mask, cfg).tolist() == [1.0, 1.0]  # A > 0: always kept
+    assert rl_offpolicy.sequence_weights(w, pi, mu, A, mask, config.make_config("grpo")) is w
     with pytest.raises(ValueError, match="sampler"):
-        offpolicy.sequence_weights(None, pi, None, A, mask, cfg)
+        rl_offpolicy.sequence_weights(None, pi, None, A, mask, cfg)
 
 
 def _loop_loss(cfg, logprobs, old, sampler, ref, advantages, mask):
@@ -204,7 +218,7 @@ def _loop_loss(cfg, logprobs, old, sampler, ref, advantages, mask):
     if cfg.is_correction != "none":
         weights = importance.is_weights(old, sampler, mask, correction=cfg.is_correction, cap=cfg.is_cap,
                                         cap_low=cfg.is_cap_low, form=cfg.is_seq_form)
-    weights = offpolicy.sequence_weights(weights, leaf, sampler, advantages, mask, cfg)
+    weights = rl_offpolicy.sequence_weights(weights, leaf, sampler, advantages, mask, cfg)
     loss, _ = losses.policy_loss(leaf, old, advantages, mask, **cfg.policy_loss_kwargs(), denominator=denominator,
                                  is_weights=weights)
     if cfg.beta > 0:
@@ -237,7 +251,7 @@ def test_kl_ratio_weighted_in_the_loop_gives_the_reverse_kl_gradient_by_enumerat
     for weighted in (True, False):
         cfg = config.make_config("grpo", beta=1.0, kl_ratio_weighted=weighted)
         t = theta.clone().requires_grad_(True)
-        terms = offpolicy.kl_terms(t.log_softmax(-1)[:, None], theta_old.log_softmax(-1)[:, None],
+        terms = rl_offpolicy.kl_terms(t.log_softmax(-1)[:, None], theta_old.log_softmax(-1)[:, None],
                                    ref_logits.log_softmax(-1)[:, None], mask, cfg)  # (K, 1)
         g, = torch.autograd.grad((theta_old.softmax(-1) * terms[:, 0]).sum(), t)
         gap = float((g - g_rkl).abs().max())
@@ -268,7 +282,8 @@ def test_off_policy_mask_gradient_by_enumeration():
 @pytest.mark.parametrize("case", ["trl_defaults", "trl_defaults_beta", "mask", "grpo_beta_mask", "plain_k3",
                                   "mask_zero"])
 def test_loss_and_gradient_equal_trls_through_to_trl(case):
-    """An RLConfig -> to_trl's GRPOConfig kwargs -> TRL 1.16's own _compute_loss (test_stale.py's model-free stub),
+    """An RLConfig -> to_trl's GRPOConfig kwargs -> TRL 1.16's own _compute_loss (test_stale_corrections.py's model-free
+    stub),
     against the loop's objective from update_minibatch's functions: loss and gradient to 1e-6, 3 seeds. The
     "trl_defaults" cases: GRPOConfig's defaults themselves (loss_type dapo, beta 0, use_bias_correction_kl True;
     with beta 0.04 the bias correction acts) are minirl's token-mean config (with kl_ratio_weighted)."""
@@ -303,7 +318,7 @@ def test_loss_and_gradient_equal_trls_through_to_trl(case):
         assert float(grad_m.abs().max()) > 1e-3
         if cfg.off_policy_mask_threshold is not None:
             logprobs, _, sampler, _, advantages, mask = batch
-            dropped += int((stale.off_policy_sequence_mask(logprobs, sampler, advantages, mask,
+            dropped += int((stale_corrections.off_policy_sequence_mask(logprobs, sampler, advantages, mask,
                                                            threshold=cfg.off_policy_mask_threshold) == 0).sum())
     assert dropped > 0 or cfg.off_policy_mask_threshold is None  # the mask acted on these batches
 
@@ -337,32 +352,35 @@ def test_updates_behind_and_sync_by_hand():
     """k = 3, 2 minibatches, 1 epoch: the sampler of steps 1..6 is 0, 2, 4, 0, 2, 4 updates behind; it reloads
     after steps 3 and 6."""
     cfg = config.make_config("grpo", sampler_sync_every=3, num_minibatches=2)
-    assert [offpolicy.updates_behind(s, cfg) for s in range(1, 7)] == [0, 2, 4, 0, 2, 4]
-    assert [offpolicy.sync_due(s, cfg) for s in range(1, 7)] == [False, False, True, False, False, True]
+    assert [rl_offpolicy.updates_behind(s, cfg) for s in range(1, 7)] == [0, 2, 4, 0, 2, 4]
+    assert [rl_offpolicy.sync_due(s, cfg) for s in range(1, 7)] == [False, False, True, False, False, True]
     cfg = config.make_config("grpo", sampler_sync_every=2, num_minibatches=1, num_iterations=2)
-    assert [offpolicy.updates_behind(s, cfg) for s in range(1, 5)] == [0, 2, 0, 2]
+    assert [rl_offpolicy.updates_behind(s, cfg) for s in range(1, 5)] == [0, 2, 0, 2]
     model = torch.nn.Linear(2, 2)
     sampler = make_sampler(model, separate=True)
     with torch.no_grad():
         model.weight.add_(1.0)
-    offpolicy.sync_if_due(sampler, model, 3, cfg)  # not due: the sampler keeps its old weights
+    rl_offpolicy.sync_if_due(sampler, model, 3, cfg)  # not due: the sampler keeps its old weights
     assert not torch.equal(sampler.weight, model.weight)
     with pytest.raises(ValueError, match="sampler_sync_every"):
-        offpolicy.resume_sampler(sampler, model, 3, cfg)
-    offpolicy.resume_sampler(sampler, model, 4, cfg)  # the sampler reloaded after step 4: a resumed run is exact
+        rl_offpolicy.resume_sampler(sampler, model, 3, cfg)
+    rl_offpolicy.resume_sampler(sampler, model, 4, cfg)  # the sampler reloaded after step 4: a resumed run is exact
     assert torch.equal(sampler.weight, model.weight)
 
 
 @pytest.mark.parametrize("cap", [None, 1.5])
 def test_decoupled_config_is_decoupled_ppo(cap):
-    """decoupled_config's switches through policy_loss (the loop's path) give stale.decoupled_ppo_terms, aggregated:
+    """decoupled_config's switches through policy_loss (the loop's path) give stale_corrections.decoupled_ppo_terms,
+    aggregated:
     value and gradient, uncapped and with AReaL's cap (weights above it masked)."""
     logprobs, old, sampler, _, advantages, mask = (x.double() for x in _random_batch(1))
-    cfg = config.make_config("grpo", beta=0.0, agg="token-mean", eps_high=0.28, **offpolicy.decoupled_config(cap=cap))
+    cfg = config.make_config("grpo", beta=0.0, agg="token-mean", eps_high=0.28,
+                             **rl_offpolicy.decoupled_config(cap=cap))
     loss_loop, grad_loop = _loop_loss(cfg, logprobs, old, sampler, None, advantages, mask)
     x = logprobs.clone().requires_grad_(True)
-    ref = losses.aggregate(stale.decoupled_ppo_terms(x, old, sampler, advantages, mask, eps_low=0.2, eps_high=0.28,
-                                                     weight_cap=cap), mask, "token-mean")
+    terms = stale_corrections.decoupled_ppo_terms(x, old, sampler, advantages, mask, eps_low=0.2, eps_high=0.28,
+                                                  weight_cap=cap)
+    ref = losses.aggregate(terms, mask, "token-mean")
     ref.backward()
     torch.testing.assert_close(loss_loop, ref.detach(), rtol=0, atol=1e-12)
     torch.testing.assert_close(grad_loop, x.grad, rtol=0, atol=1e-12)
@@ -391,7 +409,7 @@ def test_a_stale_sampler_lags_and_its_staleness_is_logged(tiny):
     dict(top_k=5, pi_old="naive"),
     dict(top_p=0.8, keep_sampling_mask=True, num_minibatches=1),  # pi_old "current": the training forward's
     dict(off_policy_mask_threshold=0.1, beta=0.04, kl_ratio_weighted=True),
-    dict(sampler_sync_every=2, **offpolicy.decoupled_config(cap=3.0)),
+    dict(sampler_sync_every=2, **rl_offpolicy.decoupled_config(cap=3.0)),
     dict(sampler_sync_every=3, pi_old="naive", sampler_dtype="float16"),
 ], ids=lambda d: "+".join(f"{k}={v}" for k, v in d.items()))
 def test_the_loop_trains_with_each_option(tiny, settings):

@@ -1,10 +1,11 @@
 """The loop's side of stale and truncated samplers: the decisions ``rl.train_rl`` makes with them, one function each.
 
-The math is elsewhere (``truncation``: the kept sets and the renormalised log-probs; ``stale``: off-policy sequence
+The math is elsewhere (``truncation``: the kept sets and the renormalised log-probs; ``stale_corrections``: off-policy
+sequence
 masking, decoupled PPO, the staleness metric; ``kl.ratio_weighted_k3``); these functions read an ``RLConfig`` and the
 step's tensors and call it. Every switch is off by default (``check_settings`` says which combinations make sense):
 
-- ``top_k`` / ``top_p``: the rollouts come from a truncated sampler (``rollout.generate``), its kept sets recorded;
+- ``top_k`` / ``top_p``: the rollouts come from a truncated sampler (``decoding.generate``), its kept sets recorded;
   ``keep_sampling_mask`` renormalises the trainer's pi_old and pi over them (``kept_sets``).
 - ``sampler_sync_every``: the sampler is a copy reloaded every k steps (``make_step_sampler``, ``sync_due``);
   ``staleness_metrics`` logs how far behind it is. Which pi_old corrects it is the existing switches: naive
@@ -24,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from . import importance, kl, stale
-from .sampler import make_sampler, sync_sampler
+from . import importance, kl, stale_corrections
+from .inference_engine import make_sampler, sync_sampler
 
 if TYPE_CHECKING:  # config.py imports this module for check_settings
     from .config import RLConfig
@@ -53,7 +54,8 @@ def check_settings(cfg: RLConfig) -> None:
 
 
 def resume_sampler(sampler: torch.nn.Module, model: torch.nn.Module, step: int, cfg: RLConfig) -> None:
-    """A run resumed after ``step`` restarts its sampler from the trainer's weights (``sampler.sync_sampler``): the
+    """A run resumed after ``step`` restarts its sampler from the trainer's weights (``inference_engine.sync_sampler``):
+    the
     uninterrupted run's sampler holds those weights only when it reloaded them after that step.
 
     Raises:
@@ -74,14 +76,15 @@ def decoupled_config(*, cap: float | None = None) -> dict:
     """The RLConfig switches of decoupled PPO (AReaL): pi_old recomputed (the proximal policy) and the detached token
     weight pi_prox / mu, uncapped (``is_cap`` e^20, the largest), or masked above ``cap`` (AReaL's
     ``behav_imp_weight_cap``). ``losses.policy_loss`` multiplies each token's clipped term by the weight, which is
-    ``stale.decoupled_ppo_terms`` exactly (tests/test_offpolicy.py)."""
+    ``stale_corrections.decoupled_ppo_terms`` exactly (tests/test_rl_offpolicy.py)."""
     if cap is None:
         return dict(pi_old="recomputed", is_correction="token_tis", is_cap=importance.MAX_CAP)
     return dict(pi_old="recomputed", is_correction="token_mis", is_cap=cap)
 
 
 def make_step_sampler(model: torch.nn.Module, cfg: RLConfig) -> torch.nn.Module:
-    """The model that samples the rollouts: ``sampler.make_sampler`` of cfg's dials, a separate copy when it lags
+    """The model that samples the rollouts: ``inference_engine.make_sampler`` of cfg's dials, a separate copy when it
+    lags
     the trainer (``sampler_sync_every`` > 1); the trainer itself by default."""
     return make_sampler(model, dtype=cfg.sampler_dtype, logit_noise=cfg.sampler_logit_noise,
                         router_noise=cfg.sampler_router_noise, seed=cfg.seed, separate=cfg.sampler_sync_every > 1)
@@ -114,7 +117,8 @@ def sequence_weights(weights: Tensor | None, logprobs: Tensor, sampler_logprobs:
                      completion_mask: Tensor, cfg: RLConfig) -> Tensor | None:
     """The policy loss's importance weights with DeepSeek-V3.2's off-policy sequence mask multiplied in.
 
-    ``stale.off_policy_sequence_mask`` of the current log-probs (detached) against the sampler's, one 0/1 per
+    ``stale_corrections.off_policy_sequence_mask`` of the current log-probs (detached) against the sampler's, one 0/1
+    per
     sequence; TRL 1.16 multiplies it into the per-token loss, so the KL term is left unmasked here too.
 
     Args:
@@ -138,7 +142,7 @@ def sequence_weights(weights: Tensor | None, logprobs: Tensor, sampler_logprobs:
         return weights
     if sampler_logprobs is None:
         raise ValueError("off_policy_mask_threshold needs the sampler's log-probs (rollout.sampler_logprobs)")
-    keep = stale.off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, completion_mask,
+    keep = stale_corrections.off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, completion_mask,
                                           threshold=cfg.off_policy_mask_threshold)  # (B,)
     if weights is None:
         return keep
@@ -158,7 +162,7 @@ def staleness_metrics(step: int, cfg: RLConfig, batch, old_logprobs: Tensor | No
     """The step's staleness, logged only with ``sampler_sync_every`` > 1 (the default row is unchanged).
 
     - ``sampler_updates_behind``: ``updates_behind``, optimiser updates the rollout's sampler lags the trainer by;
-    - ``staleness_k3``: ``stale.staleness_kl`` of the sampler to the recomputed pi_old, nats per token (with
+    - ``staleness_k3``: ``stale_corrections.staleness_kl`` of the sampler to the recomputed pi_old, nats per token (with
       pi_old="recomputed" only: the naive arm never computes the trainer's pi_old).
 
     Args:
@@ -174,5 +178,6 @@ def staleness_metrics(step: int, cfg: RLConfig, batch, old_logprobs: Tensor | No
         return {}
     row = {"sampler_updates_behind": float(updates_behind(step, cfg))}
     if old_logprobs is not None and batch.sampler_logprobs is not None and cfg.pi_old == "recomputed":
-        row["staleness_k3"] = float(stale.staleness_kl(batch.sampler_logprobs, old_logprobs, batch.completion_mask))
+        row["staleness_k3"] = float(stale_corrections.staleness_kl(batch.sampler_logprobs, old_logprobs,
+        batch.completion_mask))
     return row

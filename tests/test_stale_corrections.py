@@ -1,5 +1,5 @@
 """Stale and truncated samplers (issue 37, the math): top-k / top-p kept sets and the renormalised trainer log-probs
-(minirl.truncation), off-policy sequence masking, decoupled PPO and the staleness metric (minirl.stale), the
+(minirl.truncation), off-policy sequence masking, decoupled PPO and the staleness metric (minirl.stale_corrections), the
 ratio-weighted k3 (minirl.kl). Hand values, exact enumerations on small categoricals, edge cases, and equality with
 transformers' warpers and TRL 1.16's own code (its staticmethod, and GRPOTrainer._compute_loss on a model-free stub).
 
@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from minirl import importance, kl, kl_toy, losses, stale, truncation
+from minirl import importance, kl, kl_toy, losses, stale_corrections, truncation
 
 F64 = dict(dtype=torch.float64)
 
@@ -217,24 +217,26 @@ def test_kept_logprobs_without_truncation_is_the_full_log_softmax_and_rejects_fo
 
 
 # ================================================================================ 2. DeepSeek-V3.2's corrections
-# paper-index: stale.off_policy_sequence_mask
+# paper-index: stale_corrections.off_policy_sequence_mask
 def test_off_policy_sequence_mask_by_hand():
     sampler, current, mask = lp([-1.0, -2.0], [-1.0, -1.0]), lp([-2.0, -3.0], [-1.2, -1.0]), torch.ones(2, 2, **F64)
     # mean log(mu / pi): row 0 ((-1 + 2) + (-2 + 3)) / 2 = 1.0 > 0.5 -> dropped; row 1 (0.2 + 0) / 2 = 0.1 -> kept
-    out = stale.off_policy_sequence_mask(current, sampler, torch.tensor([-1.0, -1.0]), mask, threshold=0.5)
+    out = stale_corrections.off_policy_sequence_mask(current, sampler, torch.tensor([-1.0, -1.0]), mask, threshold=0.5)
     assert out.tolist() == [0.0, 1.0] and out.dtype == torch.float64
-    out = stale.off_policy_sequence_mask(current, sampler, torch.tensor([1.0, -1.0]), mask, threshold=0.5)
+    out = stale_corrections.off_policy_sequence_mask(current, sampler, torch.tensor([1.0, -1.0]), mask, threshold=0.5)
     assert out.tolist() == [1.0, 1.0]  # a positive advantage is always kept
     # the boundaries: A = 0 kept; a mean exactly at the threshold kept (drop only when strictly above)
-    out = stale.off_policy_sequence_mask(current, sampler, torch.tensor([0.0, -1.0]), mask, threshold=1.0)
+    out = stale_corrections.off_policy_sequence_mask(current, sampler, torch.tensor([0.0, -1.0]), mask, threshold=1.0)
     assert out.tolist() == [1.0, 1.0]
     # the mean is over valid tokens only: row 0 with its 2nd token masked -> (-1 + 2) / 1 = 1.0; the padding holds -inf
     # and NaN and is never read; a row with no valid token is on-policy (mean 0): kept
-    out = stale.off_policy_sequence_mask(lp([-2.0, math.nan], [-math.inf, 0.0]), lp([-1.0, -math.inf], [0.0, 0.0]),
-                                         torch.tensor([-1.0, -1.0]), lp([1, 0], [0, 0]), threshold=0.99)
+    out = stale_corrections.off_policy_sequence_mask(lp([-2.0, math.nan], [-math.inf, 0.0]),
+                                                     lp([-1.0, -math.inf], [0.0, 0.0]),
+                                                     torch.tensor([-1.0, -1.0]), lp([1, 0], [0, 0]), threshold=0.99)
     assert out.tolist() == [0.0, 1.0]
     # equal policies: log-ratio 0 <= any threshold >= 0: all kept
-    out = stale.off_policy_sequence_mask(current, current.clone(), torch.tensor([-1.0, -5.0]), mask, threshold=0.0)
+    out = stale_corrections.off_policy_sequence_mask(current, current.clone(), torch.tensor([-1.0, -5.0]), mask,
+                                                     threshold=0.0)
     assert out.tolist() == [1.0, 1.0]
 
 
@@ -242,13 +244,13 @@ def test_off_policy_sequence_mask_raises_naming_the_argument():
     x, m, a = torch.zeros(2, 3), torch.ones(2, 3), torch.zeros(2)
     for bad in (-0.1, math.inf, math.nan):
         with pytest.raises(ValueError, match="threshold"):
-            stale.off_policy_sequence_mask(x, x, a, m, threshold=bad)
+            stale_corrections.off_policy_sequence_mask(x, x, a, m, threshold=bad)
     with pytest.raises(ValueError, match="advantages"):
-        stale.off_policy_sequence_mask(x, x, torch.zeros(2, 3), m, threshold=0.5)
+        stale_corrections.off_policy_sequence_mask(x, x, torch.zeros(2, 3), m, threshold=0.5)
     with pytest.raises(ValueError, match="sampler_logprobs"):
-        stale.off_policy_sequence_mask(x, torch.full((2, 3), math.nan), a, m, threshold=0.5)
+        stale_corrections.off_policy_sequence_mask(x, torch.full((2, 3), math.nan), a, m, threshold=0.5)
     with pytest.raises(ValueError, match="shape"):
-        stale.off_policy_sequence_mask(x, torch.zeros(2, 4), a, m, threshold=0.5)
+        stale_corrections.off_policy_sequence_mask(x, torch.zeros(2, 4), a, m, threshold=0.5)
 
 
 def _trl():
@@ -267,7 +269,7 @@ def _random_batch(seed, B=8, T=6, dtype=torch.float32):
     return logprobs, old, sampler, ref, advantages, mask
 
 
-# paper-index: stale.off_policy_sequence_mask
+# paper-index: stale_corrections.off_policy_sequence_mask
 @pytest.mark.parametrize("threshold", [0.0, 0.05, 0.2, 0.5, 2.0])
 def test_off_policy_sequence_mask_equals_trls_staticmethod(threshold):
     """TRL 1.16 ``GRPOTrainer.get_off_policy_mask`` (a staticmethod: called as it is), on a batch with padding, at
@@ -282,7 +284,7 @@ def test_off_policy_sequence_mask_equals_trls_staticmethod(threshold):
         theirs = trl.GRPOTrainer.get_off_policy_mask(advantages=advantages[:, None], per_token_logps=logprobs,
                                                      sampling_per_token_logps=sampler, mask=mask,
                                                      off_policy_threshold=threshold)  # (B, 1)
-        ours = stale.off_policy_sequence_mask(logprobs, sampler, advantages, mask, threshold=threshold)
+        ours = stale_corrections.off_policy_sequence_mask(logprobs, sampler, advantages, mask, threshold=threshold)
         assert torch.equal(ours, theirs[:, 0]), (seed, ours, theirs[:, 0])
         dropped += int((ours == 0).sum())
     assert dropped > 0 or threshold >= 0.5  # the low thresholds do drop sequences of this batch
@@ -410,7 +412,7 @@ def _minirl_loss(logprobs, old, sampler, ref, advantages, mask, *, agg, beta, ep
     leaf = logprobs.detach().clone().requires_grad_(True)
     weights = None
     if threshold is not None:
-        weights = stale.off_policy_sequence_mask(leaf, sampler, advantages, mask, threshold=threshold)
+        weights = stale_corrections.off_policy_sequence_mask(leaf, sampler, advantages, mask, threshold=threshold)
     loss, _ = losses.policy_loss(leaf, old, advantages, mask, eps_low=eps, eps_high=eps, agg=agg, is_weights=weights)
     if beta:
         terms = (kl.ratio_weighted_k3(leaf, old, ref, mask=mask) if bias_correction
@@ -460,11 +462,11 @@ def test_trls_defaults_are_what_the_report_says():
 
 
 # ================================================================================ 3. stale rollouts
-# paper-index: stale.decoupled_ppo_terms
+# paper-index: stale_corrections.decoupled_ppo_terms
 def test_decoupled_ppo_terms_by_hand():
     prox, mu, mask, A = lp([-1.0, -1.0]), lp([-1.5, -1.5]), torch.ones(1, 2, **F64), torch.tensor([2.0], **F64)
     x = lp([-1.0, -0.5]).requires_grad_(True)
-    out = stale.decoupled_ppo_terms(x, prox, mu, A, mask)
+    out = stale_corrections.decoupled_ppo_terms(x, prox, mu, A, mask)
     # weight pi_prox / mu = e^0.5 = 1.648721 on both; token 0: r = 1, -2 * 1 * 1.648721 = -3.297443;
     # token 1: r = e^0.5 = 1.6487 > 1.2, clipped (A > 0): -2 * 1.2 * 1.648721 = -3.956931
     w = math.exp(0.5)
@@ -474,12 +476,13 @@ def test_decoupled_ppo_terms_by_hand():
     # d/dlog pi of -A w r = -A w r: token 0 -3.297443; token 1 clipped: 0
     torch.testing.assert_close(x.grad, lp([-2 * w, 0.0]), rtol=0, atol=1e-15)
     # weight_cap 1.5 < e^0.5: both tokens masked (AReaL's behav_imp_weight_cap); cap 2: unchanged
-    assert stale.decoupled_ppo_terms(x, prox, mu, A, mask, weight_cap=1.5).tolist() == [[0.0, 0.0]]
-    torch.testing.assert_close(stale.decoupled_ppo_terms(x, prox, mu, A, mask, weight_cap=2.0), out)
+    assert stale_corrections.decoupled_ppo_terms(x, prox, mu, A, mask, weight_cap=1.5).tolist() == [[0.0, 0.0]]
+    torch.testing.assert_close(stale_corrections.decoupled_ppo_terms(x, prox, mu, A, mask, weight_cap=2.0), out)
     # (B, T) advantages give the same as (B,) broadcast; A < 0 clips below: r = e^-0.5 = 0.61 < 0.8 -> -(-2) * 0.8 * w
-    torch.testing.assert_close(stale.decoupled_ppo_terms(x, prox, mu, A[:, None].expand(1, 2), mask), out)
+    torch.testing.assert_close(stale_corrections.decoupled_ppo_terms(x, prox, mu, A[:, None].expand(1, 2), mask), out)
     y = lp([-1.5])
-    torch.testing.assert_close(stale.decoupled_ppo_terms(y, lp([-1.0]), lp([-1.5]), -A, torch.ones(1, 1, **F64)),
+    torch.testing.assert_close(stale_corrections.decoupled_ppo_terms(y, lp([-1.0]), lp([-1.5]), -A, torch.ones(1, 1,
+    **F64)),
                                lp([2 * 0.8 * w]), rtol=0, atol=1e-15)
 
 
@@ -489,7 +492,7 @@ def test_decoupled_ppo_with_the_proximal_policy_as_sampler_is_ppos_token_loss(ag
     gradient, with asymmetric clips and padding."""
     logprobs, old, _, _, advantages, mask = _random_batch(0, dtype=torch.float64)
     a, b = logprobs.clone().requires_grad_(True), logprobs.clone().requires_grad_(True)
-    ours = losses.aggregate(stale.decoupled_ppo_terms(a, old, old.clone(), advantages, mask, eps_low=0.2,
+    ours = losses.aggregate(stale_corrections.decoupled_ppo_terms(a, old, old.clone(), advantages, mask, eps_low=0.2,
                                                       eps_high=0.28), mask, agg)
     ppo, _ = losses.policy_loss(b, old, advantages, mask, eps_low=0.2, eps_high=0.28, agg=agg)
     torch.testing.assert_close(ours, ppo, rtol=0, atol=1e-14)
@@ -514,13 +517,13 @@ def _expected_decoupled_gradient(theta, theta_prox, theta_behaviour, A, sample_f
     """sum_a q(a) grad_theta decoupled_ppo_terms(a), q = softmax(sample_from): the exact mean gradient over the
     sampled actions, one one-token row per action."""
     t = theta.clone().requires_grad_(True)
-    terms = stale.decoupled_ppo_terms(rows(t.log_softmax(-1)), rows(theta_prox.log_softmax(-1)),
+    terms = stale_corrections.decoupled_ppo_terms(rows(t.log_softmax(-1)), rows(theta_prox.log_softmax(-1)),
                                       rows(theta_behaviour.log_softmax(-1)), A, torch.ones(len(A), 1, **F64), **kw)
     (sample_from.softmax(-1) * terms[:, 0]).sum().backward()
     return t.grad
 
 
-# paper-index: stale.decoupled_ppo_terms
+# paper-index: stale_corrections.decoupled_ppo_terms
 @pytest.mark.parametrize("seed", range(4))
 def test_decoupled_ppo_exact_bandit_gradient(seed):
     """Enumeration on a K = 6 bandit with a stale sampler, through decoupled_ppo_terms. (1) The decoupled gradient
@@ -558,34 +561,35 @@ def test_decoupled_ppo_padding_extreme_ratios_and_bad_settings():
     x = lp([-1.0, math.nan], [0.0, 0.0]).requires_grad_(True)
     prox, mu = lp([-1.0, -math.inf], [-70.0, 0.0]), lp([-61.0, math.nan], [0.0, 0.0])
     mask, A = lp([1, 0], [0, 0]), torch.tensor([1.0, -1.0], **F64)
-    out = stale.decoupled_ppo_terms(x, prox, mu, A, mask)  # weight e^60: continued linearly past 20 nats, finite
+    # weight e^60: continued linearly past 20 nats, finite
+    out = stale_corrections.decoupled_ppo_terms(x, prox, mu, A, mask)
     assert torch.isfinite(out).all() and out[0, 1] == 0 and (out[1] == 0).all()  # a fully masked row: 0, no NaN
     out.sum().backward()
     assert torch.isfinite(x.grad).all() and x.grad[0, 1] == 0 and (x.grad[1] == 0).all()
-    assert float(stale.decoupled_ppo_terms(x, prox, mu, A, mask, weight_cap=10.0)[0, 0].detach()) == 0.0
+    assert float(stale_corrections.decoupled_ppo_terms(x, prox, mu, A, mask, weight_cap=10.0)[0, 0].detach()) == 0.0
     full = torch.ones(2, 2, **F64)
     for kw, name in ((dict(eps_low=1.0), "eps_low"), (dict(eps_high=-0.1), "eps_high"),
                      (dict(weight_cap=0.0), "weight_cap")):
         with pytest.raises(ValueError, match=name):
-            stale.decoupled_ppo_terms(x, prox, mu, A, mask, **kw)
+            stale_corrections.decoupled_ppo_terms(x, prox, mu, A, mask, **kw)
     with pytest.raises(ValueError, match="behaviour_logprobs"):
-        stale.decoupled_ppo_terms(x.detach(), full, full.clone().fill_(math.nan), A, full)
+        stale_corrections.decoupled_ppo_terms(x.detach(), full, full.clone().fill_(math.nan), A, full)
     with pytest.raises(ValueError, match="advantages"):
-        stale.decoupled_ppo_terms(x.detach(), full, full, torch.zeros(2, 3), full)
+        stale_corrections.decoupled_ppo_terms(x.detach(), full, full, torch.zeros(2, 3), full)
 
 
-# paper-index: stale.staleness_kl
+# paper-index: stale_corrections.staleness_kl
 def test_staleness_kl_by_hand_and_against_mismatch_metrics():
     # log r = log pi - log mu = [0, -0.5]: (0 + e^-0.5 - 1 + 0.5) / 2 = 0.053265
-    out = stale.staleness_kl(lp([-1.0, -1.0]), lp([-1.0, -1.5]), torch.ones(1, 2, **F64))
+    out = stale_corrections.staleness_kl(lp([-1.0, -1.0]), lp([-1.0, -1.5]), torch.ones(1, 2, **F64))
     torch.testing.assert_close(out, torch.tensor((math.exp(-0.5) - 0.5) / 2, **F64), rtol=0, atol=1e-15)
     assert abs(float(out) - 0.053265) < 5e-7
     logprobs, _, sampler, _, _, mask = _random_batch(2, dtype=torch.float64)
     metric = importance.mismatch_metrics(logprobs, sampler, mask)["k3"]
-    assert abs(float(stale.staleness_kl(sampler, logprobs, mask)) - metric) < 1e-12
+    assert abs(float(stale_corrections.staleness_kl(sampler, logprobs, mask)) - metric) < 1e-12
     # equal policies: exactly 0; no valid token: 0; padding (-inf, NaN) never read; 60 nats apart: finite
-    assert float(stale.staleness_kl(logprobs, logprobs.clone(), mask)) == 0.0
-    assert float(stale.staleness_kl(lp([math.nan]), lp([-math.inf]), lp([0]))) == 0.0
-    assert math.isfinite(float(stale.staleness_kl(lp([-61.0]), lp([-1.0]), lp([1]))))
+    assert float(stale_corrections.staleness_kl(logprobs, logprobs.clone(), mask)) == 0.0
+    assert float(stale_corrections.staleness_kl(lp([math.nan]), lp([-math.inf]), lp([0]))) == 0.0
+    assert math.isfinite(float(stale_corrections.staleness_kl(lp([-61.0]), lp([-1.0]), lp([1]))))
     with pytest.raises(ValueError, match="logprobs"):
-        stale.staleness_kl(lp([0.0]), lp([math.nan]), lp([1]))
+        stale_corrections.staleness_kl(lp([0.0]), lp([math.nan]), lp([1]))

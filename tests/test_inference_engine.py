@@ -1,11 +1,12 @@
-"""Tests of minirl.sampler (a sampler that is not the trainer) and Rollout Routing Replay (R3) from its routes, in the
+"""Tests of minirl.inference_engine (a sampler that is not the trainer) and Rollout Routing Replay (R3) from its routes,
+in the
 loop too. (Its settings' validation: test_config.py.)"""
 
 import pytest
 import torch
 
-from minirl import config, models, moe, rl, rollout, tasks
-from minirl.sampler import make_sampler, sync_sampler
+from minirl import config, decoding, models, moe, rl, rollout, tasks
+from minirl.inference_engine import make_sampler, sync_sampler
 from minirl.tokenizer import build_tokenizer
 
 PROMPTS = ["1+2=", "3+4+5+6+7=", "8+9+1="]  # different lengths: left padding
@@ -30,7 +31,7 @@ def recomputed(model, r):
         return rollout.token_logprobs(model, r.input_ids, r.attention_mask, r.n_prompt_tokens) * r.completion_mask
 
 
-# paper-index: sampler.make_sampler
+# paper-index: inference_engine.make_sampler
 def test_the_default_sampler_is_the_trainer_and_a_bfloat16_copy_differs_by_rounding(tok):
     model = small_dense(tok)
     assert make_sampler(model) is model
@@ -38,7 +39,7 @@ def test_the_default_sampler_is_the_trainer_and_a_bfloat16_copy_differs_by_round
     assert sampler is not model and next(sampler.parameters()).dtype == torch.bfloat16
     assert not any(p.requires_grad for p in sampler.parameters()) and not sampler.training
     torch.manual_seed(0)
-    r = rollout.generate(sampler, tok, PROMPTS, 4, max_new_tokens=10, recompute_logprobs=False)
+    r = decoding.generate(sampler, tok, PROMPTS, 4, max_new_tokens=10, recompute_logprobs=False)
     gap = (r.sampler_logprobs - recomputed(model, r)).abs()[r.completion_mask > 0]
     # bfloat16 keeps 8 significant bits: relative rounding of about 2^-9 on every weight and activation; on this
     # model the log-probs of the same tokens move by a few thousandths of a nat, never by as much as 0.5
@@ -88,7 +89,7 @@ def test_r3_the_trainer_uses_exactly_the_samplers_experts(tok):
     model = small_moe(tok)
     sampler = make_sampler(model, router_noise=1.0, seed=2)
     torch.manual_seed(0)
-    r = rollout.generate(sampler, tok, PROMPTS, 4, max_new_tokens=10, recompute_logprobs=False,
+    r = decoding.generate(sampler, tok, PROMPTS, 4, max_new_tokens=10, recompute_logprobs=False,
                          record_sampler_routes=True)
     L = r.input_ids.shape[1]
     assert all(ix.shape[:2] == (len(r.completions), L) for ix in r.sampler_routes.indices)
@@ -110,7 +111,7 @@ def test_decoding_routes_match_the_full_forward_without_noise(tok):
     # are the recomputing forward's up to round-off ties: at most a fraction of a percent differ
     model = small_moe(tok)
     torch.manual_seed(1)
-    r = rollout.generate(model, tok, PROMPTS, 4, max_new_tokens=10, record_routes=True, record_sampler_routes=True)
+    r = decoding.generate(model, tok, PROMPTS, 4, max_new_tokens=10, record_routes=True, record_sampler_routes=True)
     fed = r.attention_mask.clone()
     fed[:, -1] = 0
     assert moe.routing_change_fraction(r.routes, r.sampler_routes, fed) < 0.01
@@ -155,7 +156,7 @@ def test_naive_pi_old_is_the_samplers_log_probs(tok):
     model = small_dense(tok)
     sampler = make_sampler(model, logit_noise=0.5, seed=0)
     torch.manual_seed(0)
-    r = rollout.generate(sampler, tok, PROMPTS, 2, max_new_tokens=8, recompute_logprobs=False)
+    r = decoding.generate(sampler, tok, PROMPTS, 2, max_new_tokens=8, recompute_logprobs=False)
     naive = config.make_config("grpo", pi_old="naive")  # the sampler's numbers as pi_old
     old, _, _ = rl.behaviour_logprobs(model, None, r, naive)
     torch.testing.assert_close(old, r.sampler_logprobs * r.completion_mask)

@@ -85,7 +85,8 @@ def decoupled_ppo_terms(logprobs: Tensor, prox_logprobs: Tensor, behaviour_logpr
     The clip is a trust region around the proximal policy, not around the stale sampler; the detached weight
     pi_prox / mu turns the average over the sampler's tokens into one over the proximal policy's. So the expected
     gradient is that of on-policy PPO around pi_prox, and where r is inside its band it is the exact policy
-    gradient of E_pi[A] (tests/test_stale.py enumerates it on a bandit). With pi_prox = mu it is PPO's token loss.
+    gradient of E_pi[A] (tests/test_stale_corrections.py enumerates it on a bandit). With pi_prox = mu it is PPO's token
+    loss.
 
     Example: log pi = log pi_prox = -1, log mu = -1.5, A = 2: r = 1, weight e^0.5 = 1.648721, term -2 * 1.648721 =
     -3.297443; log pi = -0.5 (r = e^0.5 = 1.6487 > 1.2, clipped): -2 * 1.2 * 1.648721 = -3.956931, gradient 0.
