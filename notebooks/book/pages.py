@@ -1,5 +1,6 @@
 """The book's generated pages: one per preset of ``config.ALGORITHMS``, one per estimator family (KL estimators,
-importance corrections, preference losses) and the paper index, written from the code at every build.
+importance corrections, preference losses), one per one-file algorithm (``minirl/minimal/``, shown whole) and the
+paper index, written from the code at every build.
 
 Nothing here is typed by hand that the code already says: the problem a function solves is its docstring's first
 paragraph, the papers and equation numbers are its ``Source:`` line (split by ``tests/paper_index.py``, the parser
@@ -340,6 +341,35 @@ def paper_index_page(documented: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+#: The key equation of each one-file algorithm, in LaTeX beside the file (the file writes it in plain text).
+MINIMAL_EQUATIONS = {
+    "grpo": r"\mathcal{L} = -\frac{1}{G}\sum_{i=1}^{G}\frac{1}{|y_i|}\sum_{t}\Big[\min\big(\rho_{i,t}A_i,\ "
+            r"\operatorname{clip}(\rho_{i,t}, 1-\varepsilon, 1+\varepsilon)A_i\big) - \beta\,k_3\Big],\quad "
+            r"A_i = \frac{r_i - \operatorname{mean}(r)}{\operatorname{std}(r) + \varepsilon_A},\quad "
+            r"\rho_{i,t} = \frac{\pi_\theta(y_{i,t})}{\pi_\text{old}(y_{i,t})}",
+}
+#: What each one-file algorithm is, in the words its page opens with (the files say the rest themselves).
+MINIMAL = {"grpo": "GRPO", "ppo": "PPO with a critic, GAE and the KL in the reward", "dpo": "DPO",
+           "distill": "On-policy distillation"}
+
+
+def minimal_page(path: Path) -> str:
+    """The page of one file of ``minirl/minimal/``: how to run it, its key equation, then the whole file."""
+    name = path.stem
+    source = path.read_text()
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    lines = [f"# {MINIMAL.get(name, name)} in one file: `minirl/minimal/{name}.py`", "",
+             f"*The whole algorithm, {len(source.splitlines())} lines, read top to bottom; it imports torch, "
+             f"transformers and the standard library only, so a copy of the file runs on its own. "
+             f"`tests/test_minimal*.py` runs it beside minirl's library loop from the same weights, data and seed "
+             f"and checks that both compute the same loss, gradient norm and weights after every optimiser "
+             f"step.*", "", "```text", doc, "```", ""]
+    if name in MINIMAL_EQUATIONS:
+        lines += ["The loss it minimises:", "", "$$", MINIMAL_EQUATIONS[name], "$$", ""]
+    lines += ["## The file", "", "```python", source.rstrip(), "```"]
+    return "\n".join(lines)
+
+
 def write_all(out: Path) -> list[Path]:
     """Write every generated page into ``out`` (removing stale ones); returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
@@ -356,6 +386,17 @@ def write_all(out: Path) -> list[Path]:
         pages[page] = family_page(page, title, functions, tests)
         documented.update({q: page for q in functions})
     pages["paper_index"] = paper_index_page(documented)
+    files = sorted((ROOT / "minirl" / "minimal").glob("[!_]*.py"), key=lambda f: list(MINIMAL).index(f.stem)
+                   if f.stem in MINIMAL else len(MINIMAL))
+    for f in files:
+        pages[f"minimal_{f.stem}"] = minimal_page(f)
+    pages["minimal"] = "\n".join([
+        "# One file per algorithm", "", "Each algorithm of the library, written again as one file to read from top "
+        "to bottom and to copy: the settings, the data, the reward, sampling, log-probs, advantages, the loss with "
+        "its equation, the update and the evaluation, in that order. The library proves them: a test runs each "
+        "file beside the library's loop and compares every step.", "",
+        *(f"- [{MINIMAL.get(f.stem, f.stem)}](minimal_{f.stem}.md): `python -m minirl.minimal.{f.stem}`"
+          for f in files), "", "```{toctree}", ":hidden:", "", *(f"minimal_{f.stem}" for f in files), "```"])
     table = config.algorithms_table()
     algo_links = "\n".join(f"- [`{n}`: {_preset_comment(n).split(',')[0]}](algo_{n}.md)" for n in config.ALGORITHMS)
     pages["algorithms"] = "\n".join([
