@@ -244,7 +244,7 @@ def run_vs_trl(seed: int = 0, repeats: int = 5, prompts_per_step: int = 16, grou
                 f"GRPO preset (beta {cfg.beta}, k3 in the loss), one optimiser step per rollout, float32",
         "model_parameters": models.count_parameters(policy), "repeats": len(ratios),
         "minirl_seconds": summary(mini_t), "trl_seconds": summary(trl_t),
-        "ratio_trl_over_minirl": summary(ratios),
+        "ratio_trl_over_minirl": summary(ratios), "trl_gradient_checkpointing": args.gradient_checkpointing,
         "threads": torch.get_num_threads(), "torch": torch.__version__, "trl": trl_version,
         "loadavg_before": load_before, "loadavg_after": _loadavg(),
         "machine": platform.processor() or platform.machine(),
