@@ -34,9 +34,15 @@ MAY_DIFFER = ("steps", "progress", "checkpoint_every", "eval_every", "report_to"
 
 def save_policy(model, tokenizer, path: str | Path) -> Path:
     """Write the policy and its tokenizer to ``path`` with ``save_pretrained`` (safetensors weights, config,
-    generation config, tokenizer files); ``models.load(path)`` reads it back. Returns ``path``."""
+    generation config, tokenizer files; a LoRA policy's adapter only, ``lora.save_adapter``); ``models.load(path)``
+    reads it back. Returns ``path``."""
+    from . import lora
+
     path = Path(path)
-    model.save_pretrained(path)
+    if lora.is_lora(model):
+        lora.save_adapter(model, path)
+    else:
+        model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -57,7 +57,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             form, see ``rewards.score_completions``: it also receives ``trainer_state`` and ``log_metric``), or a
             list of them; None is the running-sums task's 0/1 reward (``tasks.running_sums_reward``).
         reward_weights: one weight per reward function (default 1 each).
-        ref_model: the frozen reference; default, when beta > 0, a copy of the policy (LoRA: the adapter off).
+        ref_model: the frozen reference; default, when beta > 0, a copy of the policy (LoRA: ``lora.reference``).
         critic: PPO's value model; default ``models.ValueModel(model)`` when cfg.advantage == "gae".
         callback: ``callback(step, row)`` after each step, before the row is logged (what it adds is logged too).
         output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained``; under LoRA the adapter),
@@ -164,10 +164,11 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
 
 # ------------------------------------------------------------------------------------------------ setup
 def reference_model(model, ref_model, cfg: RLConfig):
-    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy (under LoRA the policy
-    with its adapter switched off, ``lora.AdapterOff``: no second copy); None otherwise."""
+    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy as handed in (under
+    LoRA ``lora.reference``: the adapter switched off, or a caller's trained adapter copied; no second base);
+    None otherwise."""
     if ref_model is None and cfg.beta > 0:
-        ref_model = lora.AdapterOff(model) if lora.is_lora(model) else copy.deepcopy(model)
+        ref_model = lora.reference(model) if lora.is_lora(model) else copy.deepcopy(model)
     if ref_model is not None:
         ref_model.eval().requires_grad_(False)
     return ref_model

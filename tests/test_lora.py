@@ -37,10 +37,11 @@ def lora_cfg(**overrides):
         **overrides})
 
 
-def train(path, cfg, *, attach_first: bool = False, **kwargs):
+def train(path, cfg, *, attach_first: bool = False, model=None, **kwargs):
     """``train_rl`` on the stand-in; it attaches the adapter itself (the caller's model then computes with it), or,
-    with ``attach_first``, the caller attaches it and keeps the peft model (its ``disable_adapter`` included)."""
-    lm, tok = models.load(str(path)), AutoTokenizer.from_pretrained(str(path))
+    with ``attach_first``, the caller attaches it and keeps the peft model (its ``disable_adapter`` included);
+    ``model``: the caller's own model instead of the stand-in loaded afresh."""
+    lm, tok = model if model is not None else models.load(str(path)), AutoTokenizer.from_pretrained(str(path))
     if attach_first:
         lm = lora.attach(lm, rank=cfg.lora_rank, alpha=cfg.lora_alpha, target=cfg.lora_target_modules, seed=cfg.seed)
     data = datasets.Dataset.from_dict({"prompt": PROMPTS})
@@ -243,3 +244,47 @@ def test_lora_runs_with_the_real_scale_settings(tmp_path, moe, settings):
         warnings.simplefilter("ignore")
         history = rl.train_rl(models.load(str(path)), build_tokenizer(), cfg, data, reward_fn=ids_reward)
     assert all(math.isfinite(r["loss"]) for r in history.rows) and history.rows[-1]["kl_ref"] > 0
+
+
+def test_a_callers_trained_adapter_is_the_reference_not_the_bare_base(standin_dir, tmp_path):
+    """Issue 47 item 5: a peft model handed in with a trained adapter starts the run, so at an lr too small to move
+    it the KL to the reference is 0 at step 1 (it was 0.0115: the reference was the base, the adapter switched off).
+    TRL 1.16 copies such an adapter into a frozen "ref" adapter; so does ``lora.AdapterCopy``."""
+    lm = lora.attach(models.load(str(standin_dir)), rank=4, alpha=8.0, target="all-linear")
+    with torch.no_grad():  # "trained": every B away from 0
+        for n, p in lm.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n))) * 0.3)
+    trainable = [n for n, p in lm.named_parameters() if p.requires_grad]
+    _, _, history = train(standin_dir, lora_cfg(steps=2, lr=1e-12, checkpoint_every=1), model=lm,
+                          output_dir=tmp_path)
+    assert [r["kl_ref"] for r in history.rows] == [0.0, 0.0]  # measured exactly 0: the same weights, the same sums
+    assert trainable == [n for n, p in lm.named_parameters() if p.requires_grad]  # the copy stays frozen
+    assert not (tmp_path / checkpoint.POLICY / lora.REFERENCE_ADAPTER).exists()  # the policy's adapter only
+    ref = rl.reference_model(lm, None, lora_cfg())
+    assert isinstance(ref, lora.AdapterCopy) and len(ref.state_dict()) == len(trainable)
+    # the adapter train_rl attaches itself (B = 0) is the base exactly: switched off, nothing copied
+    fresh = lora.attach(models.load(str(standin_dir)), rank=4, alpha=8.0, target="all-linear")
+    assert isinstance(rl.reference_model(fresh, None, lora_cfg()), lora.AdapterOff)
+    fresh.base_model.model.lm_head.weight.requires_grad_(True)  # a base weight that moves: no frozen reference
+    with pytest.raises(ValueError, match="outside its adapter"):
+        rl.reference_model(fresh, None, lora_cfg())
+
+
+def test_a_saved_adapter_names_its_relative_base_by_its_absolute_path(standin_dir, tmp_path, monkeypatch):
+    """Issue 47 item 10: a base loaded from a relative folder (``--model m``) is found again by ``models.load`` of
+    the saved policy from another working directory, offline (it was taken for a hub name)."""
+    import huggingface_hub
+
+    (tmp_path / "m").symlink_to(standin_dir)
+    monkeypatch.chdir(tmp_path)
+    lm = lora.attach(models.load("m"), rank=4, alpha=8.0, target="all-linear")
+    checkpoint.save_policy(lm, AutoTokenizer.from_pretrained("m"), "out/policy")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read once, at import
+    loaded = models.load(str(tmp_path / "out" / "policy"))
+    ids = torch.randint(0, 300, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, lm(input_ids=ids).logits)
