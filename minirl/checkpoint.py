@@ -48,8 +48,13 @@ def save_policy(model, tokenizer, path: str | Path) -> Path:
 
 
 def load_weights(model, path: str | Path) -> None:
-    """Copy the weights that ``save_pretrained`` wrote to ``path`` into ``model`` in place (no second model built);
-    for a LoRA policy, the adapter's (``lora.load_adapter_weights``).
+    """Copy the weights that ``save_pretrained`` wrote to ``path`` into ``model`` in place; for a LoRA policy, the
+    adapter's (``lora.load_adapter_weights``).
+
+    The files are read as they are when their names are ``model``'s own. transformers writes some layouts otherwise
+    than it holds them (an MoE's experts: fused ``experts.gate_up_proj`` in memory, one ``experts.E.up_proj``
+    tensor per expert on disk); then its own loading path reads them (``from_pretrained`` of ``model``'s class,
+    which converts them back, exactly: a concatenation) into a second model on the CPU, whose weights are copied.
 
     Raises:
         ValueError: if a saved tensor is not a parameter or buffer of ``model``, or a tensor of ``model`` is
@@ -67,8 +72,10 @@ def load_weights(model, path: str | Path) -> None:
     if not files:
         raise FileNotFoundError(f"no *.safetensors weights in {path}")
     state = {k: v for f in files for k, v in load_file(f).items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
     own = model.state_dict()
+    if not state.keys() <= own.keys() and hasattr(type(model), "from_pretrained"):  # converted on save: convert back
+        state = type(model).from_pretrained(path, dtype="auto").state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False)
     loaded = {own[k].data_ptr() for k in state if k in own}
     untied = [k for k in missing if own[k].data_ptr() not in loaded]
     if unexpected or untied:

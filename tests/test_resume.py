@@ -18,8 +18,10 @@ def length_reward(completions, **_):
     return [float(len(c) % 3) for c in completions]
 
 
-def run(tok, cfg, out, **kwargs):
-    model = models.tiny_dense(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3)
+def run(tok, cfg, out, *, moe=False, **kwargs):
+    sizes = dict(hidden_size=32, num_heads=2, seed=3)
+    model = (models.tiny_moe(tok, num_layers=1, num_experts=4, expert_size=16, **sizes) if moe
+             else models.tiny_dense(tok, num_layers=2, intermediate_size=64, **sizes))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # unscored rows, if a group happens to have none
         history = rl.train_rl(model, tok, cfg, DATA, eval_data=DATA.select(range(2)), reward_fn=length_reward,
@@ -41,6 +43,19 @@ def test_resume_after_2_of_4_steps_gives_the_rows_of_the_uninterrupted_run(tok, 
     assert resumed == whole  # every logged figure, bit for bit (the timings left out)
     if algo == "ppo":
         assert len({r["beta"] for r in whole if "beta" in r}) > 1  # the controller really moved beta
+
+
+def test_a_moe_run_resumed_after_2_of_4_steps_equals_the_uninterrupted_run(tok, tmp_path):
+    """Issue 47 item 8: transformers holds an MoE's experts fused (``experts.gate_up_proj``) and writes them one
+    tensor per expert; the resume read the files raw and refused them ("do not fit the model")."""
+    cfg = config.make_config("grpo", steps=4, prompts_per_step=2, group_size=4, max_new_tokens=6, lr=3e-3,
+                             beta=0.04, checkpoint_every=2, eval_every=2, progress=False)
+    whole_model, whole = run(tok, cfg, tmp_path / "whole", moe=True)
+    model, resumed = run(tok, cfg, tmp_path / "resumed", moe=True, resume_from=tmp_path / "whole" / "checkpoint-2")
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4] and resumed == whole  # every logged figure
+    want = whole_model.state_dict()
+    assert any("experts.gate_up_proj" in k for k in want)
+    assert max(float((p - want[k]).abs().max()) for k, p in model.state_dict().items()) == 0.0  # every weight
 
 
 def test_the_saved_policy_loads_back_with_the_same_logits(tok, tmp_path):
