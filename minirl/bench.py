@@ -369,9 +369,7 @@ def run_real_sizes(*, batches=((32, 16), (8, 8)), max_new_tokens: int = 512, pro
         key = f"{prompts}x{group}x{max_new_tokens}"
         plan = memory.memory_plan(qcfg, cfg, prompt_tokens=prompt_tokens)
         static = plan["weights"] + plan["grads"] + plan["optimizer"] + plan["reference"]
-        result["plan"][key] = {"generation": round((static + plan["kv_cache"]) / 1e9, 2),
-                               "logprob_forward": round((static + plan["logits_chunk"]) / 1e9, 2),
-                               "update": round((static + plan["activations"] + plan["backward_head"]) / 1e9, 2)}
+        result["plan"][key] = {stage: round((static + held) / 1e9, 2) for stage, held in plan["stages"].items()}
         result["batches"][key] = [
             {k: [round(s, 3), gb] for k, (s, gb) in real_sizes_step(
                 model, tokenizer, data, cfg, ref=ref, optimizer=optimizer, gen=gen, device=device).items()}

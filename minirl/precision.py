@@ -74,6 +74,10 @@ def autocast(model: torch.nn.Module, precision: str):
     """The context every forward of the loop runs in: bfloat16 autocast on the model's device for
     "bf16-autocast" (matmuls in bfloat16, weights and their gradients float32), nothing otherwise.
 
+    Memory: while the block is open, autocast keeps the bfloat16 copy of each trainable weight it has cast (2 bytes
+    a weight, beside the float32 master), and a Qwen3's KV cache keeps float32 keys: ``memory.memory_plan`` counts
+    both.
+
     Raises:
         ValueError: for an unknown precision.
     """

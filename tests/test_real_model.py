@@ -355,42 +355,79 @@ def saved_activation_bytes(model, input_ids, attention_mask, P) -> int:
     return sum(n for ptr, n in seen.items() if ptr not in params)
 
 
+def saved_bytes_by_kind(model, input_ids, attention_mask, P, prec: str) -> tuple[int, int]:
+    """(activations, copies): bytes of the tensors autograd saves in the training forward under ``prec``'s
+    autocast, each storage once, parameters left out; copies are autocast's bfloat16 casts of a trainable weight
+    (a tensor made by a cast of a leaf that accumulates a gradient, read through its transposes and views)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def is_weight_copy(t) -> bool:
+        fn = t.grad_fn
+        while fn is not None and type(fn).__name__ in ("TBackward0", "TransposeBackward0", "ViewBackward0"):
+            fn = fn.next_functions[0][0]
+        return (fn is not None and type(fn).__name__ == "ToCopyBackward0"
+                and type(fn.next_functions[0][0]).__name__ == "AccumulateGrad")
+
+    def pack(t):
+        seen.setdefault(t.untyped_storage().data_ptr(), (t.untyped_storage().nbytes(), is_weight_copy(t)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), precision.autocast(model, prec):
+        rollout.token_logprobs(model, input_ids, attention_mask, P, return_entropy=True)
+    kept = [(n, copy) for ptr, (n, copy) in seen.items() if ptr not in params]
+    return sum(n for n, copy in kept if not copy), sum(n for n, copy in kept if copy)
+
+
+@pytest.mark.parametrize("prec", precision.PRECISIONS)
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_memory_plan_predicts_the_saved_activations_of_a_real_vocabulary_model(attention):
+def test_memory_plan_predicts_the_saved_activations_of_a_real_vocabulary_model(attention, prec):
     from minirl import memory
 
     qcfg = Qwen3Config(hidden_size=128, intermediate_size=384, num_hidden_layers=1, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=32, vocab_size=151_936, tie_word_embeddings=True)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM._from_config(qcfg, attn_implementation=attention, dtype=torch.float32).train()
+    if prec == "bf16":
+        model.to(torch.bfloat16)
     b, P, T = 2, 16, 32
     ids = torch.randint(3, 151_936, (b, P + T), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     mask[0, :3] = 0  # a left-padded row
-    measured = saved_activation_bytes(model, ids, mask, P)
-    cfg = config.make_config("grpo", prompts_per_step=1, group_size=b, max_new_tokens=T, num_minibatches=1)
-    planned = memory.memory_plan(qcfg, cfg, prompt_tokens=P, attention=attention)["activations"]
-    # measured 40,359,296 (eager) and 40,305,536 (sdpa) bytes, planned 1,408 fewer each (the ids and the final norm's
-    # reciprocal RMS): 0.0035% off. The float32 logits the selective log-softmax keeps are 38.9 MB of it
-    # (2 x 32 x 151,936 x 4); before issue 36 this forward saved 79,216,256 bytes: the full log-softmax and the
-    # exp of the entropy (computed with grad), two such tensors
-    assert abs(planned - measured) / measured < 0.10
-    assert abs(planned - measured) / measured < 0.001
+    measured, copies = saved_bytes_by_kind(model, ids, mask, P, prec)
+    if prec == "fp32":
+        assert measured == saved_activation_bytes(model, ids, mask, P)
+    cfg = config.make_config("grpo", prompts_per_step=1, group_size=b, max_new_tokens=T, num_minibatches=1,
+                             precision=prec)
+    plan = memory.memory_plan(qcfg, cfg, prompt_tokens=P, attention=attention)
+    # fp32: measured 40,359,040 (eager) and 40,305,280 (sdpa) bytes, planned 1,152 fewer each in every precision (the
+    # ids and the final norm's reciprocal RMS): 0.003% off. The float32 logits the selective log-softmax keeps are
+    # 38.9 MB of it (2 x 32 x 151,936 x 4); before issue 36 this forward saved 79,216,256 bytes: the full
+    # log-softmax and the exp of the entropy (computed with grad), two such tensors. bf16-autocast: 39,973,504 and
+    # 39,873,664 measured, plus 39,288,832 bytes of weight copies, as planned; the plan before issue 47 counted every
+    # activation at 2 bytes (39,639,040 and 39,612,160) and no copy: half the bytes. bf16: 39,813,760 and 39,713,920
+    assert abs(plan["activations"] - measured) / measured < 0.001
+    assert copies == plan["autocast_copies"]  # 2 bytes x every matrix-product weight under autocast, else 0
 
 
-def test_memory_plan_kv_cache_is_the_caches_size():
+@pytest.mark.parametrize("prec", precision.PRECISIONS)
+def test_memory_plan_kv_cache_is_the_caches_size(prec):
     from minirl import memory
 
     qcfg = Qwen3Config(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=16, vocab_size=100)
     model = Qwen3ForCausalLM._from_config(qcfg, attn_implementation="eager", dtype=torch.float32).eval()
-    with torch.no_grad():
+    if prec == "bf16":
+        model.to(torch.bfloat16)
+    with torch.no_grad(), precision.autocast(model, prec):
         out = model(input_ids=torch.randint(100, (5, 24)), use_cache=True)
     cache = out["cache"] if "cache" in out else out["past_key_values"]  # renamed in transformers 5.2x
     measured = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
     cfg = config.make_config("grpo", prompts_per_step=5, group_size=2, max_new_tokens=8, generation_batch_size=5,
-                             num_minibatches=1)
-    assert memory.memory_plan(qcfg, cfg, prompt_tokens=16)["kv_cache"] == measured  # 2 x 3 x 5 x 24 x 2 x 16 x 4
+                             num_minibatches=1, precision=prec)
+    # 3 layers x 5 rows x 24 positions x 2 heads x 16 x (4 + 4) bytes in fp32, (4 + 2) under autocast (the keys
+    # leave the k RMSNorm in float32; the plan before issue 47 said 2 + 2, 2/3 of it), (2 + 2) in bf16
+    assert memory.memory_plan(qcfg, cfg, prompt_tokens=16)["kv_cache"] == measured
 
 
 def test_memory_plan_for_qwen3_0_6b_and_what_chunking_saves(capsys):
