@@ -93,7 +93,7 @@ def load_prompts(dataset: str, tokenizer, *, system_prompt: str | None = None):
 
 def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weights: str | None = None,
               algo: str = "grpo", out: str | Path, system_prompt: str | None = None, resume: str | None = None,
-              attn_implementation: str = "sdpa", **settings) -> dict:
+              attn_implementation: str = "sdpa", overwrite: bool = False, **settings) -> dict:
     """Train a Hugging Face causal LM (a hub name, or a folder from ``save_pretrained``) with RL on math prompts.
 
     Loads the model (float32 master weights; ``precision`` in ``settings`` picks bf16 autocast) and its tokenizer,
@@ -101,7 +101,8 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     ``algo``'s preset and ``settings`` (any RLConfig field: steps, prompts_per_step, group_size, ...), and writes
     under ``out``: metrics.jsonl, summary.json, policy/ (the trained model and tokenizer, ``save_pretrained``; with
     ``lora_rank`` the adapter only), checkpoint-N/ every ``checkpoint_every`` steps and, with
-    ``report_to="tensorboard"``, tensorboard/.
+    ``report_to="tensorboard"``, tensorboard/. An ``out`` that holds checkpoints of an earlier run is refused unless
+    resuming it (``checkpoint.check_output_dir``) or ``overwrite`` clears them.
 
     Args:
         model: hub name or local folder.
@@ -111,14 +112,17 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
         reward_weights: one weight per reward, comma-separated (default 1 each).
         out: the run's folder.
         system_prompt: a system prompt for every question.
-        resume: a checkpoint folder, or "latest" (the newest under ``out``).
+        resume: a checkpoint folder, or "latest" (the newest complete one under ``out``); the model, data,
+            rewards and settings must be the run's own (``checkpoint.resume``).
         attn_implementation: the attention kernel ("sdpa", or "eager" for bit-exact reloads).
+        overwrite: remove ``out``'s checkpoint-N folders before a new run (``checkpoint.clear``).
 
     Returns:
         The summary dict (also written to summary.json).
 
     Raises:
-        ValueError: for an unknown reward name, a weight count that does not match, or "latest" with no checkpoint.
+        ValueError: for an unknown reward name, a weight count that does not match, "latest" with no checkpoint,
+            ``overwrite`` with ``resume``, an ``out`` with another run's checkpoints, or a resume of another run.
     """
     import torch
     from transformers import AutoTokenizer
@@ -135,6 +139,8 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     weights = None if reward_weights is None else [float(w) for w in reward_weights.split(",")]
     if weights is not None and len(weights) != len(fns):
         raise ValueError(f"--reward-weights {reward_weights!r}: one weight per reward ({len(fns)})")
+    if overwrite and resume is not None:
+        raise ValueError(f"--overwrite removes the checkpoints that --resume {resume} continues from: give one of them")
     if resume == "latest":
         resume = checkpoint.latest(out)
         if resume is None:
@@ -147,6 +153,8 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     lm.to("cuda" if torch.cuda.is_available() else "cpu")
     data = load_prompts(dataset, tokenizer, system_prompt=system_prompt)
     cfg = make_config(algo, **{"completion_only_head": True, **settings})  # a real vocabulary: keep the head small
+    if overwrite:
+        checkpoint.clear(out)  # after every input is read: nothing is removed for a run that cannot start
     history = train_rl(lm, tokenizer, cfg, data, reward_fn=fns, reward_weights=weights, output_dir=out,
                        resume_from=resume)
     history.to_jsonl(out / "metrics.jsonl")
@@ -202,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--report-to", default="none", choices=("none", "tensorboard"),
                      help="also write the metrics as TensorBoard scalars under OUT/tensorboard")
     own.add_argument("--checkpoint-every", type=int, default=0, help="save a checkpoint every N steps (0: none)")
-    own.add_argument("--resume", default=None, help="a checkpoint-N folder, or 'latest' under --out")
+    own.add_argument("--resume", default=None, help="a checkpoint-N folder, or 'latest' under --out (the same "
+                                                    "model, data, rewards and settings as the run's)")
+    own.add_argument("--overwrite", action="store_true", help="remove --out's checkpoint-N folders first; without it "
+                                                              "a new run into an --out with checkpoints is refused")
     own.add_argument("--attn-implementation", default="sdpa", help="sdpa (default) or eager")
     bench = sub.add_parser("bench", help="time one RL step (generate / log-probs / backward / optimiser)")
     bench.add_argument("--profile", default=None, choices=sorted(PROFILES),
@@ -249,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             sizes["multi_objective_aggregation"] = "normalize_then_sum"
         summary = model_job(args.model, dataset=args.dataset or str(DATA), reward=args.reward,
                             reward_weights=args.reward_weights, algo=args.algo, out=out,
-                            system_prompt=args.system_prompt, resume=args.resume,
+                            system_prompt=args.system_prompt, resume=args.resume, overwrite=args.overwrite,
                             attn_implementation=args.attn_implementation, **sizes)
         print(f"\n{args.algo} on {args.model}, {summary['steps']} steps, {summary['seconds']} s: mean reward "
               f"{summary['first_reward']:.3f} (first step) -> {summary['last_reward']:.3f} (last step)")

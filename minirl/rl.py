@@ -72,7 +72,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion that
             every reward function returned None for; right padding (``rollout.check_tokenizer``); weights not float32
             under precision "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without
-            output_dir, resuming with other settings (``checkpoint.resume``). RuntimeError: dynamic sampling ran out.
+            output_dir, an output_dir holding another run's checkpoints (``checkpoint.check_output_dir``), resuming
+            with other settings, model, data or rewards (``checkpoint.resume``). RuntimeError: dynamic sampling ran out.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
@@ -87,6 +88,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     if cfg.checkpoint_every and output_dir is None:
         raise ValueError(f"cfg.checkpoint_every={cfg.checkpoint_every} needs an output_dir to write checkpoints to")
     reward_fn = reward_fn or tasks.running_sums_reward
+    run = checkpoint.run_identity(model, train_data, reward_fn, reward_weights) if output_dir or resume_from else None
+    checkpoint.check_output_dir(output_dir, run, resuming=resume_from is not None)  # never two runs' checkpoints
     set_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     ref_model = reference_model(model, ref_model, cfg)
@@ -99,7 +102,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
     callback = tracking.reporting(callback, cfg.report_to, output_dir, last_step=cfg.steps)  # + TensorBoard
     if resume_from is not None:  # weights, optimiser, reference, critic, History, beta and every RNG of step N
         start, history, beta = checkpoint.resume(resume_from, cfg=cfg, model=model, optimizer=optimizer, gen=gen,
-                                                 ref_model=ref_model, critic=critic)
+                                                 ref_model=ref_model, critic=critic, run=run)
         rl_offpolicy.resume_sampler(sampler, model, start, cfg)  # the trainer's weights: exact where it reloads
     elif eval_data is not None:
         history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
@@ -156,7 +159,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             checkpoint.save(Path(output_dir) / f"checkpoint-{step}", step=step, cfg=cfg, model=model,
                             tokenizer=tokenizer, optimizer=optimizer, gen=gen, history=history, beta=beta,
-                            ref_model=ref_model, critic=critic)
+                            ref_model=ref_model, critic=critic, run=run)
     if output_dir is not None:
         checkpoint.save_policy(model, tokenizer, Path(output_dir) / checkpoint.POLICY)  # the adapter only under LoRA
     return history
@@ -164,9 +167,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
 
 # ------------------------------------------------------------------------------------------------ setup
 def reference_model(model, ref_model, cfg: RLConfig):
-    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy as handed in (under
-    LoRA ``lora.reference``: the adapter switched off, or a caller's trained adapter copied; no second base);
-    None otherwise."""
+    """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy as handed in (LoRA:
+    ``lora.reference``, the adapter switched off or a caller's adapter copied, no second base); None otherwise."""
     if ref_model is None and cfg.beta > 0:
         ref_model = lora.reference(model) if lora.is_lora(model) else copy.deepcopy(model)
     if ref_model is not None:

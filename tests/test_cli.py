@@ -71,6 +71,21 @@ def test_cli_errors_name_the_flag(standin_dir, tmp_path):
         cli.main(["train", "--model", str(standin_dir), "--resume", "latest", "--out", str(tmp_path)])
 
 
+def test_a_new_run_into_an_out_with_checkpoints_needs_resume_or_overwrite(standin_dir, tmp_path):
+    """Issue 47 item 9, the command line's side: a new run into an --out with checkpoints is refused (it would leave
+    the old run's later checkpoints for --resume latest); --overwrite removes them first."""
+    argv = ["train", "--model", str(standin_dir), "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+            "--max-new-tokens", "4", "--checkpoint-every", "1", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    with pytest.raises(ValueError, match="already holds checkpoints of an earlier run"):
+        cli.main(argv + ["--reward", "format"])
+    with pytest.raises(ValueError, match="--overwrite"):
+        cli.main(argv + ["--overwrite", "--resume", "latest"])
+    assert cli.main(argv + ["--reward", "format", "--overwrite"]) == 0
+    manifest = json.loads((tmp_path / "checkpoint-1" / "checkpoint.json").read_text())
+    assert manifest["run"]["rewards"] == ["minirl.gsm8k.format_reward"]
+
+
 def test_a_jsonl_of_prompt_rows_and_a_base_tokenizer(tmp_path):
     from minirl.tokenizer import build_tokenizer
 
