@@ -306,6 +306,26 @@ def check_output_dir(output_dir: str | Path | None, run: dict | None, *, resumin
                          f"into another folder, or remove them (checkpoint.clear, --overwrite)")
 
 
+def prepare_run(output_dir: str | Path | None, resume_from: str | Path | None, *, checkpoint_every: int, model,
+                train_data, reward_fn, reward_weights=None) -> dict | None:
+    """What ``rl.train_rl`` checks before it writes anything, and the identity its checkpoints carry.
+
+    Returns:
+        The run's ``run_identity`` when it writes to ``output_dir`` or resumes, else None (nothing to match).
+
+    Raises:
+        ValueError: for ``checkpoint_every`` > 0 without an ``output_dir`` to write to, and
+            ``check_output_dir``'s refusals.
+    """
+    if checkpoint_every and output_dir is None:
+        raise ValueError(f"cfg.checkpoint_every={checkpoint_every} needs an output_dir to write checkpoints to")
+    if output_dir is None and resume_from is None:
+        return None
+    run = run_identity(model, train_data, reward_fn, reward_weights)
+    check_output_dir(output_dir, run, resuming=resume_from is not None)
+    return run
+
+
 def clear(output_dir: str | Path) -> list[str]:
     """Remove the ``checkpoint-N`` folders of ``output_dir`` and the temporary ones a stopped ``save`` left; the rest
     (metrics, policy/) stays. Returns the names removed."""

@@ -71,9 +71,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         ValueError: for an invalid config, data without a ``prompt`` column, a reward function that returns a wrong
             count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion that
             every reward function returned None for; right padding (``rollout.check_tokenizer``); weights not float32
-            under precision "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without
-            output_dir, an output_dir holding another run's checkpoints (``checkpoint.check_output_dir``), resuming
-            with other settings, model, data or rewards (``checkpoint.resume``). RuntimeError: dynamic sampling ran out.
+            under "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without output_dir,
+            a checkpoint of another run there or resumed (``checkpoint``). RuntimeError: dynamic sampling ran out.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
@@ -85,11 +84,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
     if "prompt" not in train_data.column_names:
         raise ValueError(f"train_data needs a 'prompt' column, got columns {train_data.column_names}")
-    if cfg.checkpoint_every and output_dir is None:
-        raise ValueError(f"cfg.checkpoint_every={cfg.checkpoint_every} needs an output_dir to write checkpoints to")
     reward_fn = reward_fn or tasks.running_sums_reward
-    run = checkpoint.run_identity(model, train_data, reward_fn, reward_weights) if output_dir or resume_from else None
-    checkpoint.check_output_dir(output_dir, run, resuming=resume_from is not None)  # never two runs' checkpoints
+    run = checkpoint.prepare_run(output_dir, resume_from, checkpoint_every=cfg.checkpoint_every, model=model,
+                                 train_data=train_data, reward_fn=reward_fn, reward_weights=reward_weights)
     set_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     ref_model = reference_model(model, ref_model, cfg)
