@@ -18,8 +18,9 @@ into a folder that holds checkpoints (``clear`` removes them), and a resume into
 
 ``resume`` puts all of it back into freshly built objects, so the steps after N draw the same prompts and samples
 and make the same updates as the run that never stopped: its History rows are equal (``tests/test_resume.py``).
-Not restored: the noise stream of a noisy mismatched sampler (``sampler_logit_noise`` / ``sampler_router_noise``),
-which restarts from its seed.
+It refuses a checkpoint of another run: other settings, or another identity (model, data, rewards). Not restored:
+the noise stream of a noisy mismatched sampler (``sampler_logit_noise`` / ``sampler_router_noise``), which restarts
+from its seed.
 """
 
 from __future__ import annotations
