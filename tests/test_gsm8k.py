@@ -63,3 +63,50 @@ def test_loader_options_and_errors(tmp_path):
         gsm8k.to_prompts({"question": ["x"], "answer": ["no number"]})
     with pytest.raises(FileNotFoundError):
         gsm8k.load(tmp_path / "missing.jsonl")
+
+
+# Issue 47 item 3 (opencompass #2647): LaTeX's thousands separators, and what GSM8K's graders accept
+LATEX_TABLE = [
+    ("\\boxed{9{,}500}", "9500"),  # was "500": the nested braces hid the box, the last number was read
+    ("\\boxed{9\\!500}", "9500"),  # a negative thin space
+    ("\\boxed{9\\,500}", "9500"),  # a thin space
+    ("\\boxed{9\\,500\\,000}", "9500000"),
+    ("So it is \\boxed{\\$9{,}500\\text{ dollars}}.", "9500"),
+    ("$9,500$", "9500"),
+    ("#### \\$9{,}500", "9500"),
+    ("It costs 9\u2009500 dollars.", "9500"),  # a Unicode thin space, the SI separator
+    ("\\boxed{9 500}", "9500"),  # TeX's math mode prints "9 500" as 9500
+    ("#### 9 500", "9"),  # outside a box a plain space separates two numbers, as lm-eval's grader reads it
+    ("it is 9 500", "500"),  # ... and opencompass's (the last number)
+    ("\\boxed{500\\text{ dollars}}", "500"),
+    ("\\boxed{\\text{9,500}}", "9500"),
+    ("\\boxed{-3}", "-3"),
+    ("The change is \u22123.", "-3"),  # a Unicode minus
+    ("\\boxed{.5}", "0.5"),  # was "5"
+    ("about .5 kg", "0.5"),
+    ("\\boxed{1/2}", "0.5"),  # was "1": a fraction is its value, never its numerator or denominator
+    ("half of it: 1/2.", "0.5"),  # was "2", which scored right for the reference 2
+    ("\\boxed{\\frac{1}{2}}", "0.5"),
+    ("\\boxed{-\\dfrac{3}{4}}", "-0.75"),
+    ("\\boxed{2/6}", "1/3"),  # no finite decimal: the reduced fraction, equal to no GSM8K answer
+    ("\\boxed{6/3}", "2"),
+]
+
+
+@pytest.mark.parametrize("text,expected", LATEX_TABLE)
+def test_latex_thousands_separators_and_signs_decimals_fractions_extract_as_graders_read_them(text, expected):
+    assert gsm8k.extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("completion", ["\\boxed{9{,}500}", "\\boxed{9\\!500}", "\\boxed{9\\,500}", "\\boxed{9 500}",
+                                        "#### $9,500$", "#### 9{,}500", "\\boxed{9500\\text{ dollars}}",
+                                        "\\boxed{\\$9\\,500}"])
+def test_a_right_answer_with_a_latex_thousands_separator_earns_the_answer_and_format_rewards(completion):
+    assert gsm8k.answer_reward(["q"], [completion], ["9,500 in all.\n#### 9500"]) == [1.0]
+    assert gsm8k.format_reward(completions=[completion]) == [1.0]
+
+
+def test_normalise_reads_fractions_exactly_and_refuses_what_is_no_number():
+    assert [gsm8k.normalise(x) for x in ("1/2", "-3/4", "3.5/2", "10/4", "1/3", "5/0", "nan/2", ".5")] == \
+        ["0.5", "-0.75", "1.75", "2.5", "1/3", None, None, "0.5"]
+    assert gsm8k.normalise("123456789012345678901234567890123") == "123456789012345678901234567890123"  # no rounding
