@@ -110,6 +110,56 @@ def score_completions(reward_fn: Callable | Sequence[Callable], prompts: Sequenc
     return (total, torch.stack(per_func, dim=1)) if per_function else total
 
 
+def function_names(reward_fn: Callable | Sequence[Callable]) -> list[str]:
+    """One name per reward function, as TRL names them in its metrics: the function's ``__name__`` (a callable
+    object's class name); a name that repeats gets "_2", "_3"... from its second use, so no metric hides another.
+
+    Example: [answer_reward, format_reward, lambda ..., lambda ...] -> ["answer_reward", "format_reward",
+    "<lambda>", "<lambda>_2"]."""
+    names, seen = [], {}
+    for fn in [reward_fn] if callable(reward_fn) else list(reward_fn):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        seen[name] = seen.get(name, 0) + 1
+        names.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return names
+
+
+def reward_metrics(reward_fn: Callable | Sequence[Callable], per_function: Tensor | None,
+                   logged: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """The reward side of a History row: each reward function's mean score over the batch,
+    ``{"rewards/<name>/mean": value}``, so a run with several rewards shows whether each one ever fires (the logged
+    ``reward`` is only their weighted sum), and the mean of each value the functions reported through
+    ``log_metric(name, value)``.
+
+    Example: answer_reward scores [1, 0, 0, 0], format_reward [1, 1, None, 0] ->
+    {"rewards/answer_reward/mean": 0.25, "rewards/format_reward/mean": 2 / 3}.
+
+    Args:
+        reward_fn: the function, or the K functions, that scored the batch (``function_names`` names them).
+        per_function: (B, K) their unweighted scores, NaN where a function returned None (``score_completions``
+            with ``per_function``); None: no per-function entries.
+        logged: name -> the values reported through ``log_metric`` during the step.
+
+    Returns:
+        K entries, each the mean over the rows its function scored (NaN when it scored none), unweighted, then one
+        per logged name.
+
+    Raises:
+        ValueError: if per_function is not (B, K) for the K functions.
+
+    Source: TRL 1.16 ``GRPOTrainer._generate_and_score_completions`` (``rewards/{reward_func_name}/mean``, the
+    nanmean of each function's column; the logged values averaged per step).
+    """
+    out = {}
+    if per_function is not None:
+        names = function_names(reward_fn)
+        ndim("per_function", per_function, 2, "(B, K)")
+        if per_function.shape[1] != len(names):
+            raise ValueError(f"per_function has {per_function.shape[1]} columns for {len(names)} reward functions")
+        out = {f"rewards/{name}/mean": float(per_function[:, k].float().nanmean()) for k, name in enumerate(names)}
+    return {**out, **{name: math.fsum(values) / len(values) for name, values in (logged or {}).items()}}
+
+
 def overlong_penalty(lengths: Tensor, *, max_len: int, cache_len: int) -> Tensor:
     """DAPO's soft overlong punishment: 0 up to max_len - cache_len, then a linear ramp down to -1 at max_len.
 

@@ -139,7 +139,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
-        row.update({name: float(np.mean(values)) for name, values in logged.items()})
+        row.update(rewards.reward_metrics(reward_fn, batch.rewards_per_func, logged))  # rewards/<name>/mean, ...
         row.update(rl_offpolicy.staleness_metrics(step, cfg, batch, old_logprobs))  # with sampler_sync_every > 1
         if source == "recomputed" and sampler is not model:  # the sampler/trainer gap, as the engines log it
             row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(

@@ -292,3 +292,35 @@ def test_bad_reward_values_are_errors_naming_the_function():
         rewards.score_completions(lambda prompts, completions, **_: [1.0], ["p", "q"], ["a", "b"])
     with pytest.raises(ValueError, match="one weight per function"):
         rewards.score_completions([wordy], ["p"], ["a"], weights=[1.0, 2.0])
+
+
+# ------------------------------------------------------------------------------------------------ per-reward metrics
+def test_each_reward_functions_own_mean_unweighted_with_none_rows_left_out():
+    """Issue 47 item 13: with several rewards only their weighted sum was logged; each function's own mean is
+    logged as TRL's rewards/<name>/mean (the nanmean of its unweighted column)."""
+    def answer_reward(**_):
+        return []
+
+    def format_reward(**_):
+        return []
+
+    per_function = torch.tensor([[1.0, 1.0], [0.0, 1.0], [0.0, math.nan], [0.0, 0.0]])  # (B=4, K=2)
+    out = rewards.reward_metrics([answer_reward, format_reward], per_function, {"my_metric": [1.0, 2.0]})
+    # answer: 1/4; format: (1 + 1 + 0) / 3 rows it scored; my_metric: (1 + 2) / 2
+    assert out == {"rewards/answer_reward/mean": 0.25, "rewards/format_reward/mean": pytest.approx(2 / 3),
+                   "my_metric": 1.5}
+    never = rewards.reward_metrics(answer_reward, torch.full((2, 1), math.nan))["rewards/answer_reward/mean"]
+    assert math.isnan(never)  # a function that scored no row: NaN, as TRL's nanmean
+    assert rewards.reward_metrics(answer_reward, None) == {}
+    with pytest.raises(ValueError, match="2 columns for 1 reward functions"):
+        rewards.reward_metrics(answer_reward, per_function)
+
+
+def test_reward_function_names_repeat_with_a_suffix_so_no_metric_hides_another():
+    class Scorer:
+        def __call__(self, **_):
+            return []
+
+    f = lambda **_: []  # noqa: E731
+    assert rewards.function_names([tasks.running_sums_reward, f, f, Scorer(), partial(f)]) == \
+        ["running_sums_reward", "<lambda>", "<lambda>_2", "Scorer", "partial"]

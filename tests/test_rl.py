@@ -509,6 +509,27 @@ def test_train_rl_passes_the_contract_and_trains_around_unscored_rows(algo):
     assert any(not torch.equal(p, q) for p, q in zip(before, model.parameters(), strict=True))
 
 
+def test_each_reward_function_is_logged_beside_the_weighted_sum():
+    """Issue 47 item 13: a run with two rewards logs each one's own mean (rewards/<name>/mean, unweighted, as TRL),
+    so a reward that never fires shows as 0 though the weighted sum moves. Scripted rewards: the situation holds
+    whatever the model samples."""
+    tok = build_tokenizer()
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
+
+    def answer_reward(completions, **_):
+        return [0.0] * len(completions)  # never fires
+
+    def format_reward(completions, **_):
+        return [float(i % 2) for i in range(len(completions))]  # half of the rows
+
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="]})
+    cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=4, progress=False)
+    fns = [answer_reward, format_reward]
+    row = rl.train_rl(model, tok, cfg, data, reward_fn=fns, reward_weights=[2.0, 0.5]).rows[-1]
+    assert row["rewards/answer_reward/mean"] == 0.0 and row["rewards/format_reward/mean"] == 0.5
+    assert row["reward"] == 0.25  # 2 x 0 + 0.5 x 0.5: the sum alone would not say which reward fired
+
+
 def test_ppo_with_unscored_rows_is_an_error():
     tok = build_tokenizer()
     model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=0)
