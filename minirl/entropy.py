@@ -267,8 +267,9 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, top_fraction: float) -> T
     """The valid tokens whose entropy is at or above the batch's (1 - top_fraction) quantile.
 
     Wang et al. train only on these "forking" tokens (top_fraction rho = 0.2). The threshold is ``torch.quantile``
-    (linear interpolation) of the valid tokens' entropies in float32, and the test is >= (ties at the threshold are
-    all kept), as TRL 1.16's ``GRPOTrainer.get_high_entropy_mask``: so all-equal entropies keep every token,
+    (linear interpolation) of the valid tokens' entropies, and the test is >= (ties at the threshold are all kept),
+    as TRL 1.16's ``GRPOTrainer.get_high_entropy_mask``; threshold and comparison are in one dtype (float32, or
+    float64 for float64 entropies): so all-equal entropies keep every token,
     top_fraction 1 keeps every valid token, and top_fraction 0 keeps the maximum (every token tied with it).
 
     Example: valid entropies [0.1, 0.5, 0.9, 1.3, 1.7], top_fraction 0.5: the 0.5 quantile is 0.9, so 0.9, 1.3 and
@@ -293,11 +294,13 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, *, top_fraction: float) -> T
     if not 0 <= top_fraction <= 1:
         raise ValueError(f"top_fraction must be in [0, 1], got {top_fraction}")
     valid = mask > 0  # (B, T)
-    values = entropy.detach()[valid].float()  # (N,)
+    # one dtype for the quantile and the test: a float32 threshold against float64 entropies lies above the
+    # smallest one after rounding, and top_fraction 1 would drop it
+    compared = entropy.detach().to(torch.promote_types(entropy.dtype, torch.float32))  # (B, T); float32 as TRL
+    values = compared[valid]  # (N,)
     if values.numel() == 0:
         return torch.zeros_like(valid)
-    threshold = torch.quantile(values, 1 - top_fraction)  # float32, as TRL
-    compared = entropy.detach().to(torch.promote_types(entropy.dtype, torch.float32))  # TRL compares in this dtype
+    threshold = torch.quantile(values, 1 - top_fraction)
     return (compared >= threshold) & valid
 
 

@@ -268,6 +268,17 @@ def test_top_entropy_mask_ties_and_edges():
         entropy.top_entropy_mask(e, mask, top_fraction=1.2)
 
 
+def test_top_entropy_mask_in_float64_keeps_every_token_at_top_fraction_1():
+    """Issue 47 item 6: the quantile was taken in float32 and compared in float64, so the lowest entropy, rounded up
+    to its float32 neighbour, lay below the threshold and was dropped (4 of 5 kept)."""
+    e = torch.tensor([[0.1, 0.5, 0.9, 1.3, 1.7]], dtype=torch.float64)  # 0.1 is not a float32 number
+    assert torch.tensor(0.1, dtype=torch.float32).double() > 0.1  # the rounding that dropped it
+    mask = torch.ones_like(e)
+    assert entropy.top_entropy_mask(e, mask, top_fraction=1.0).sum().item() == 5
+    assert entropy.top_entropy_mask(e, mask, top_fraction=0.0).tolist() == [[False] * 4 + [True]]
+    assert entropy.top_entropy_mask(e, mask, top_fraction=0.5).tolist() == [[False, False, True, True, True]]
+
+
 @pytest.fixture(scope="module")
 def trl_high_entropy_mask():
     from accelerate import Accelerator
