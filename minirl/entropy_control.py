@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from . import entropy, losses
-from .checks import LOG_RATIO_LINEAR_ABOVE, exp_linear_above, zero_outside
+from .checks import LOG_RATIO_LINEAR_ABOVE, k3_of_log_ratio, zero_outside
 
 #: The Clip-Cov / KL-Cov switch: "none" keeps the config's own policy loss.
 COV_MODES = ("none", "clip_cov", "kl_cov")
@@ -134,7 +134,7 @@ def cov_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: T
                                                      fraction=cfg.cov_fraction, kl_coef=cfg.kl_cov_coef)
     loss = losses.aggregate(per_token, mask, cfg.agg, max_tokens=cfg.max_new_tokens, denominator=denominator)
     log_ratio = zero_outside(logprobs.detach() - old_logprobs, mask)  # (b, T)
-    k3 = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE) - 1 - log_ratio
+    k3 = k3_of_log_ratio(log_ratio, LOG_RATIO_LINEAR_ABOVE)  # exact near r = 1
     stats["approx_kl"] = float(zero_outside(k3, mask).sum() / mask.gt(0).sum().clamp(min=1))
     return loss, stats
 

@@ -31,7 +31,7 @@ import math
 import torch
 from torch import Tensor
 
-from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same_shape, zero_outside
+from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, k3_of_log_ratio, ndim, same_shape, zero_outside
 
 #: Which log-probs serve as pi_old in the PPO ratio (see ``choose_old_logprobs``).
 PI_OLD = ("recomputed", "naive")
@@ -389,7 +389,8 @@ def mismatch_metrics(old_logprobs: Tensor, sampler_logprobs: Tensor, completion_
     w = weights.unsqueeze(1).expand_as(log_r) if weights.dim() == 1 else weights  # (B, T)
     empty = lr.numel() == 0
     return {
-        "k1": float((-lr).sum() / n), "k2": float((0.5 * lr**2).sum() / n), "k3": float((ratio - 1 - lr).sum() / n),
+        "k1": float((-lr).sum() / n), "k2": float((0.5 * lr**2).sum() / n),
+        "k3": float(k3_of_log_ratio(lr).sum() / n),  # exact near r = 1
         "logp_diff_mean": float(lr.abs().sum() / n), "logp_diff_max": 0.0 if empty else float(lr.abs().max()),
         "ratio_min": 1.0 if empty else float(ratio.min()), "ratio_max": 1.0 if empty else float(ratio.max()),
         "seq_ratio_max": 1.0 if empty else float(exp_linear_above(seq_lr[rows]).max()),

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, same_shape, zero_outside
+from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, k3_of_log_ratio, same_shape, zero_outside
 
 ESTIMATORS = ("k1", "k2", "k3")
 PLACEMENTS = ("reward", "loss")
@@ -101,7 +101,7 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     """
     same_shape(logprobs=logprobs, ref_logprobs=ref_logprobs)
     log_r = ref_logprobs - logprobs  # (B, T)
-    return exp_linear_above(log_r, LOG_RATIO_LINEAR_ABOVE) - 1 - log_r
+    return k3_of_log_ratio(log_r, LOG_RATIO_LINEAR_ABOVE)  # exact near r = 1, where exp(x) - 1 - x cancels
 
 
 def kl_estimate(logprobs: Tensor, ref_logprobs: Tensor, *, estimator: str, mask: Tensor | None = None) -> Tensor:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import AGGREGATIONS, aggregate, ratio_stats, sequence_mean
-from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, ndim, same_shape, zero_outside
+from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, k3_of_log_ratio, ndim, same_shape, zero_outside
 from .clip_alternatives import CISPO_FORMS, check_tau, cispo_loss, gmpo_loss, sapo_loss
 
 LEVELS = ("token", "sequence", "sequence-token")
@@ -169,7 +169,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     # PPO's "approx_kl": k3 estimate of KL(pi_old || pi) from pi_old's samples, (r - 1) - log r with r = pi / pi_old
     # (r continued linearly past 20 nats like the loss's ratio: finite, and increasing as the true value)
     lr = (logprobs - old_logprobs).detach()  # (B, T), 0 outside the mask
-    kl_tokens = exp_linear_above(lr, LOG_RATIO_LINEAR_ABOVE) - 1 - lr  # (B, T)
+    kl_tokens = k3_of_log_ratio(lr, LOG_RATIO_LINEAR_ABOVE)  # (B, T), exact near r = 1
     stats["approx_kl"] = float(zero_outside(kl_tokens, mask).sum() / mask.sum().clamp(min=1))
     return loss, stats
 

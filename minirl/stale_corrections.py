@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from .checks import exp_linear_above, ndim, same_shape, zero_outside
+from .checks import exp_linear_above, k3_of_log_ratio, ndim, same_shape, zero_outside
 
 
 def _valid_log_ratio(num: Tensor, den: Tensor, mask: Tensor, num_name: str, den_name: str) -> Tensor:
@@ -155,5 +155,5 @@ def staleness_kl(sampler_logprobs: Tensor, logprobs: Tensor, completion_mask: Te
     Source: Schulman 2020 ("Approximating KL Divergence", k3), as the staleness measure of an asynchronous sampler.
     """
     log_r = _valid_log_ratio(logprobs, sampler_logprobs, completion_mask, "logprobs", "sampler_logprobs")  # (B, T)
-    k3 = zero_outside(exp_linear_above(log_r) - 1 - log_r, completion_mask)
+    k3 = zero_outside(k3_of_log_ratio(log_r), completion_mask)  # exact near r = 1
     return k3.sum() / (completion_mask > 0).sum().clamp(min=1)
