@@ -66,28 +66,54 @@ def main_job(algo: str = "grpo", profile: str | None = None, seed: int = 0, step
 REWARDS = ("answer", "format")
 
 
+def is_prompt(value) -> bool:
+    """A ``prompt`` field a row can train on: non-empty text, or a conversation (``chat.is_conversational``) whose
+    contents are strings."""
+    from .chat import is_conversational
+
+    if isinstance(value, str):
+        return value.strip() != ""
+    return is_conversational(value) and all(isinstance(m.get("content"), str) for m in value)
+
+
+#: What a ``prompt`` field must hold (``data_files.check_fields``).
+PROMPT = (is_prompt, "a non-empty string or a list of {'role': ..., 'content': str} messages")
+
+
 def load_prompts(dataset: str, tokenizer, *, system_prompt: str | None = None):
-    """The training prompts: a JSONL file of GSM8K-format rows (``question`` / ``answer``, ``gsm8k.load``) or of
-    ready ``prompt`` rows (strings or conversations) with an ``answer`` column, or a hub dataset in GSM8K's format
-    (with internet). Questions become conversations when the tokenizer has a chat template, plain text otherwise.
+    """The training prompts: a JSONL file (or a ``.json`` array, ``data_files.read_rows``) of GSM8K-format rows
+    (``question`` / ``answer``, ``gsm8k.load``) or of ready ``prompt`` rows (strings or conversations) with an
+    ``answer`` column, or a hub dataset in GSM8K's format (with internet). Questions become conversations when the
+    tokenizer has a chat template, plain text otherwise. The first row decides the format; every row is checked.
 
     Raises:
-        ValueError: for a JSONL file whose rows have neither ``question`` nor ``prompt``.
+        FileNotFoundError: for a ``.jsonl`` / ``.json`` path that is not a file.
+        ValueError: naming the file, the line and the field: an empty file, a line that is not a JSON object, a
+            first row with neither ``question`` nor ``prompt``, a later row without the first's fields (or a None
+            or empty ``question`` / ``prompt``, which would train on the text "None"), an ``answer`` without a final
+            number, a ``prompt`` neither a string nor a message list, or string and message-list prompts mixed.
     """
     import datasets
 
-    from . import chat, gsm8k
+    from . import chat, data_files, gsm8k
 
     use_chat = getattr(tokenizer, "chat_template", None) is not None
     path = Path(dataset)
-    if path.suffix == ".jsonl" and path.is_file():
-        first = json.loads(next(line for line in path.read_text().splitlines() if line.strip()))
+    if path.suffix in (".jsonl", ".json"):
+        rows = data_files.read_rows(path)  # FileNotFoundError, an empty file, a line that is no JSON object
+        line, first = rows[0]
         if "prompt" in first:
-            rows = datasets.Dataset.from_list([json.loads(x) for x in path.read_text().splitlines() if x.strip()])
-            return rows.map(lambda r: {"prompt": chat.with_system_prompt(r["prompt"], system_prompt)})
+            data_files.check_fields(path, rows, {"prompt": PROMPT, "answer": gsm8k.FIELDS["answer"]})
+            kind = isinstance(first["prompt"], str)
+            mixed = next((n for n, r in rows if isinstance(r["prompt"], str) != kind), None)
+            if mixed is not None:
+                raise ValueError(f"{path}, line {mixed}: field 'prompt' is {'not ' * kind}a string, but line {line}'s "
+                                 f"is{' not' * (not kind)}: give one format (text or messages) for the whole file")
+            data = datasets.Dataset.from_list([r for _, r in rows])
+            return data.map(lambda r: {"prompt": chat.with_system_prompt(r["prompt"], system_prompt)})
         if "question" not in first:
-            raise ValueError(f"--dataset {dataset}: rows need 'question' and 'answer' (GSM8K) or 'prompt', got "
-                             f"{sorted(first)}")
+            raise ValueError(f"{path}, line {line}: a row needs 'question' and 'answer' (GSM8K) or 'prompt' and "
+                             f"'answer', got fields {sorted(first)}")
     return gsm8k.load(dataset, chat=use_chat, system_prompt=system_prompt)
 
 
@@ -121,8 +147,12 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
         The summary dict (also written to summary.json).
 
     Raises:
-        ValueError: for an unknown reward name, a weight count that does not match, "latest" with no checkpoint,
-            ``overwrite`` with ``resume``, an ``out`` with another run's checkpoints, or a resume of another run.
+        ValueError: for an unknown or repeated reward name, a weight count that does not match, "latest" with no
+            checkpoint, ``overwrite`` with ``resume``, an ``out`` with another run's checkpoints, a resume of another
+            run, a model folder without tokenizer files, or bad data (``load_prompts``: naming file, line, field).
+        FileNotFoundError: "no such folder: PATH" for a local ``model`` path that does not exist
+            (``models.check_model_path``, before the hub is asked), or a data file that does not exist.
+    All of these are raised before ``out`` is created or written.
     """
     import torch
     from transformers import AutoTokenizer
@@ -135,6 +165,10 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
     names = reward.split(",")
     if not set(names) <= set(REWARDS):
         raise ValueError(f"--reward {reward!r}: choose from {REWARDS}, comma-separated")
+    if len(set(names)) < len(names):  # it would count twice, silently: a weight says how much a reward counts
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"--reward {reward!r}: {twice!r} is named twice; name each reward once (--reward-weights "
+                         f"sets how much it counts)")
     fns = [{"answer": gsm8k.answer_reward, "format": gsm8k.format_reward}[n] for n in names]
     weights = None if reward_weights is None else [float(w) for w in reward_weights.split(",")]
     if weights is not None and len(weights) != len(fns):
@@ -145,13 +179,14 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
         resume = checkpoint.latest(out)
         if resume is None:
             raise ValueError(f"--resume latest: no checkpoint in {out}")
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    source = models.check_model_path(model, tokenizer=True)  # a mistyped folder fails here, not on the hub
+    tokenizer = AutoTokenizer.from_pretrained(source)
     tokenizer.padding_side = "left"  # the last prompt column is where generation reads (rollout.check_tokenizer)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    lm = models.load(model, attn_implementation=attn_implementation)
+    data = load_prompts(dataset, tokenizer, system_prompt=system_prompt)  # every row checked before the weights load
+    lm = models.load(source, attn_implementation=attn_implementation)
     lm.to("cuda" if torch.cuda.is_available() else "cpu")
-    data = load_prompts(dataset, tokenizer, system_prompt=system_prompt)
     cfg = make_config(algo, **{"completion_only_head": True, **settings})  # a real vocabulary: keep the head small
     if overwrite:
         checkpoint.clear(out)  # after every input is read: nothing is removed for a run that cannot start
@@ -184,10 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--out", default=None, help="output folder (default runs/<algo>, with --model "
                                                    "runs/<algo>-<model folder name>)")
     own = train.add_argument_group("your own model (with --model; without it, the main job above)")
-    own.add_argument("--model", default=None, help="a Hugging Face causal LM: hub name or local folder")
+    own.add_argument("--model", default=None, help="a Hugging Face causal LM: hub name or local folder (a local "
+                                                   "path must be a folder with tokenizer files)")
     own.add_argument("--dataset", default=None, help="GSM8K-format JSONL (question/answer), JSONL of prompt/answer "
-                                                     "rows, or a hub name (default data/gsm8k_style/train.jsonl)")
-    own.add_argument("--reward", default="answer", help=f"comma-separated of {REWARDS} (default answer)")
+                                                     "rows (or a .json array of either), or a hub name (default "
+                                                     "data/gsm8k_style/train.jsonl); every row is checked first")
+    own.add_argument("--reward", default="answer", help=f"comma-separated of {REWARDS}, each once (default "
+                                                        f"answer); each is logged as rewards/<name>/mean")
     own.add_argument("--reward-weights", default=None, help="comma-separated, one per reward (default 1 each)")
     own.add_argument("--gdpo", action="store_true", help="normalise each reward in its group before summing "
                                                          "(multi_objective_aggregation='normalize_then_sum')")

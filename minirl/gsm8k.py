@@ -13,12 +13,12 @@ a user with internet names the hub dataset instead (``load("openai/gsm8k")``).
 
 from __future__ import annotations
 
-import json
 import re
 from decimal import Context, Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 from pathlib import Path
 
+from . import data_files
 from .chat import as_conversation, with_system_prompt
 
 #: The small GSM8K-format file shipped with minirl.
@@ -144,6 +144,13 @@ def format_reward(completions: list, **_) -> list[float]:
     return [float(any(NUMBER.search(m) for m in marked_answers(_text(c)))) for c in completions]
 
 
+#: What a GSM8K row's fields must hold (``data_files.check_fields``): a question a prompt can be made of, a
+#: reference whose final number the reward compares with
+FIELDS = {"question": (lambda v: isinstance(v, str) and v.strip() != "", "a non-empty string"),
+          "answer": (lambda v: isinstance(v, str) and extract_answer(v) is not None,
+                     "a string with a final number (GSM8K: a worked solution ending '#### 42', or '42')")}
+
+
 def to_prompts(rows, *, chat: bool = True, system_prompt: str | None = None) -> dict[str, list]:
     """GSM8K rows as RL prompts: ``prompt`` (a one-message conversation, or the question as plain text) and
     ``answer`` (the reference's final number, normalised), the other columns kept.
@@ -154,14 +161,17 @@ def to_prompts(rows, *, chat: bool = True, system_prompt: str | None = None) -> 
         system_prompt: an optional system prompt (a first paragraph of a plain-text prompt).
 
     Raises:
-        ValueError: if a column is missing or an answer has no final number.
+        ValueError: if a column is missing, a question is not a non-empty string or an answer has no final number
+            (naming the row).
     """
     names = rows.column_names if hasattr(rows, "column_names") else list(rows)
     if "question" not in names or "answer" not in names:
         raise ValueError(f"GSM8K rows need 'question' and 'answer' columns, got {names}")
+    for name, (ok, what) in FIELDS.items():  # before a None question becomes the prompt text "None"
+        bad = next((i for i, v in enumerate(rows[name]) if not ok(v)), None)
+        if bad is not None:
+            raise ValueError(f"row {bad} (0-based): field {name!r} is {rows[name][bad]!r}, not {what}")
     answers = [extract_answer(a) for a in rows["answer"]]
-    if None in answers:
-        raise ValueError(f"answer {rows['answer'][answers.index(None)]!r} has no final number")
     prompts = [as_conversation(q, system_prompt) if chat else with_system_prompt(q, system_prompt)
                for q in rows["question"]]
     return {**{k: list(rows[k]) for k in names if k not in ("answer", "prompt")}, "prompt": prompts,
@@ -177,7 +187,10 @@ def load(name_or_path: str | Path = DATA, *, split: str = "train", chat: bool = 
         A ``datasets.Dataset`` with ``prompt``, ``answer``, ``question`` and ``solution`` columns.
 
     Raises:
-        ValueError: from ``to_prompts``; FileNotFoundError (or the hub's error) if the data cannot be found.
+        ValueError: for a file, naming it, the line and the field (``data_files``): no rows, a line that is not a
+            JSON object, a row without a non-empty ``question`` or with an ``answer`` that has no final number;
+            from ``to_prompts`` for a hub dataset. FileNotFoundError (or the hub's error) if the data cannot be
+            found. A ``.json`` file may hold JSON Lines or one array of rows.
     """
     import datasets
 
@@ -185,8 +198,9 @@ def load(name_or_path: str | Path = DATA, *, split: str = "train", chat: bool = 
     if path.suffix in (".jsonl", ".json"):
         if not path.is_file():
             raise FileNotFoundError(f"no GSM8K-format file at {path}")
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        rows = {k: [r.get(k) for r in records] for k in records[0]} if records else {}
+        records = data_files.read_rows(path)  # every line checked first: the error names the file, line and field
+        data_files.check_fields(path, records, FIELDS)
+        rows = {k: [r.get(k) for _, r in records] for k in records[0][1]}
     else:
         rows = datasets.load_dataset(str(name_or_path), "main", split=split)
     return datasets.Dataset.from_dict(to_prompts(rows, chat=chat, system_prompt=system_prompt))

@@ -7,6 +7,8 @@ here (``warm_start.warm_start``). ``load`` is the ordinary ``from_pretrained`` p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import (
     AutoModelForCausalLM,
@@ -78,6 +80,51 @@ def tiny_moe(tokenizer: PreTrainedTokenizerBase, *, hidden_size: int = 128, num_
     )
 
 
+#: A tokenizer folder holds at least one of these: a fast tokenizer, a sentencepiece model, a BPE or WordPiece vocab.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+
+
+def looks_local(name_or_path: str | Path) -> bool:
+    """True when a model name is a local path, not a hub repository ("org/name" or "name"): it starts with ".",
+    "/" or "~", holds a backslash or more than one "/", or its parent folder exists here ("runs/policy" where a
+    runs/ folder is). Example: "./qwen3" and "runs/x/policy" -> True; "Qwen/Qwen3-0.6B" and "gpt2" -> False."""
+    s = str(name_or_path).rstrip("/")
+    return (s.startswith((".", "/", "~")) or "\\" in s or s.count("/") > 1
+            or ("/" in s and Path(s).parent.is_dir()))
+
+
+def check_model_path(name_or_path: str | Path, *, tokenizer: bool = False) -> str:
+    """Fail fast on a local model folder that cannot load, before anything asks the hub: transformers takes any
+    string that is not a folder for a hub name, and a mistyped path waits about a minute on the hub's retries, then
+    fails without saying that the folder does not exist.
+
+    Args:
+        name_or_path: a hub name or a local folder.
+        tokenizer: also require tokenizer files (one of ``TOKENIZER_FILES``) in a local folder: without them
+            transformers 5 builds an empty tokenizer, and older versions ask to install sentencepiece.
+
+    Returns:
+        The name, with "~" expanded for a local path.
+
+    Raises:
+        FileNotFoundError: "no such folder: PATH" for a local path (``looks_local``) that is not a folder.
+        ValueError: with ``tokenizer``, for a folder holding none of ``TOKENIZER_FILES``, naming them and the files
+            it holds.
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if tokenizer and not any((path / f).is_file() for f in TOKENIZER_FILES):
+            held = sorted(p.name for p in path.iterdir())
+            raise ValueError(f"{path} has no tokenizer files: none of {', '.join(TOKENIZER_FILES)} (it holds "
+                             f"{', '.join(held) or 'nothing'}); save the tokenizer there too "
+                             f"(tokenizer.save_pretrained)")
+        return str(path)
+    if looks_local(name_or_path):
+        raise FileNotFoundError(f"no such folder: {name_or_path}" + (" (it is a file)" if path.exists() else ""))
+    return str(name_or_path)
+
+
 def load(name_or_path: str, dtype: torch.dtype = torch.float32, **kwargs) -> torch.nn.Module:
     """Load any Hugging Face causal LM: a local directory from ``save_pretrained`` or, with internet, a hub name.
 
@@ -87,8 +134,11 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, **kwargs) -> tor
     start computes exactly what a fresh one does. Pass ``attn_implementation="sdpa"`` for large checkpoints.
 
     Raises:
+        FileNotFoundError: "no such folder: PATH" for a local path that does not exist (``check_model_path``),
+            without asking the hub.
         OSError: from transformers, when the directory or hub name cannot be resolved.
     """
+    name_or_path = check_model_path(name_or_path)
     kwargs.setdefault("attn_implementation", "eager")
     try:
         return AutoModelForCausalLM.from_pretrained(

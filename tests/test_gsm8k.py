@@ -59,7 +59,7 @@ def test_loader_options_and_errors(tmp_path):
     assert chats[0]["prompt"][0] == {"role": "system", "content": "Solve it."}
     with pytest.raises(ValueError, match="'question' and 'answer'"):
         gsm8k.to_prompts({"prompt": ["x"]})
-    with pytest.raises(ValueError, match="no final number"):
+    with pytest.raises(ValueError, match="row 0 .*'answer' is 'no number', not a string with a final number"):
         gsm8k.to_prompts({"question": ["x"], "answer": ["no number"]})
     with pytest.raises(FileNotFoundError):
         gsm8k.load(tmp_path / "missing.jsonl")
@@ -110,3 +110,19 @@ def test_normalise_reads_fractions_exactly_and_refuses_what_is_no_number():
     assert [gsm8k.normalise(x) for x in ("1/2", "-3/4", "3.5/2", "10/4", "1/3", "5/0", "nan/2", ".5")] == \
         ["0.5", "-0.75", "1.75", "2.5", "1/3", None, None, "0.5"]
     assert gsm8k.normalise("123456789012345678901234567890123") == "123456789012345678901234567890123"  # no rounding
+
+
+def test_the_loader_names_the_file_line_and_field_of_a_bad_row(tmp_path):
+    """Issue 47 item 12: a later row without an answer was a TypeError naming no row, an empty file an empty
+    dataset error, a None question the prompt text "None"."""
+    import json
+
+    path = tmp_path / "math.jsonl"
+    path.write_text(json.dumps({"question": "q", "answer": "#### 1"}) + "\n" + json.dumps({"question": "r"}) + "\n")
+    with pytest.raises(ValueError, match="math.jsonl, line 2: field 'answer' missing"):
+        gsm8k.load(path)
+    path.write_text("")
+    with pytest.raises(ValueError, match="math.jsonl: no rows"):
+        gsm8k.load(path)
+    with pytest.raises(ValueError, match="row 1 .*'question' is None, not a non-empty string"):
+        gsm8k.to_prompts({"question": ["q", None], "answer": ["1", "2"]}, chat=False, system_prompt="Solve it.")

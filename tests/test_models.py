@@ -59,6 +59,26 @@ def test_load_of_a_missing_directory_raises(tmp_path):
         models.load(str(tmp_path / "nothing-here"))
 
 
+def test_a_local_path_that_does_not_exist_is_no_such_folder_without_asking_the_hub(tmp_path, monkeypatch):
+    """Issue 47 item 12: a mistyped local path was taken for a hub name (about 60 s of retries online) and the
+    error never said the folder does not exist."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    local = ["./qwen3", "../qwen3", "/no/such/folder", "~/qwen3-nowhere", "runs/policy", "a/b/c", "a\\b"]
+    hub = ["Qwen/Qwen3-0.6B", "gpt2", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert [models.looks_local(s) for s in local + hub] == [True] * len(local) + [False] * len(hub)
+    with pytest.raises(FileNotFoundError, match="no such folder: runs/policy$"):
+        models.load("runs/policy")
+    (tmp_path / "runs" / "weights.bin").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"no such folder: runs/weights.bin \(it is a file\)"):
+        models.check_model_path("runs/weights.bin")
+    assert models.check_model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"  # a hub name is left to the hub
+    assert models.check_model_path("runs") == "runs"  # a folder without tokenizer=True needs nothing more
+    with pytest.raises(ValueError, match=r"runs has no tokenizer files: none of tokenizer.json, .*\(it holds "
+                                         r"weights.bin\)"):
+        models.check_model_path("runs", tokenizer=True)
+
+
 # ------------------------------------------------------------------------------------------------------ critic
 def test_value_model_is_a_separate_copy_that_starts_at_zero():
     tok = build_tokenizer()
