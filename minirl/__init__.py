@@ -2,17 +2,20 @@
 
 Every module, by layer:
 
+- minimal: one algorithm, one file, read top to bottom (grpo, ppo, dpo, distill), each importing torch,
+  transformers and the standard library only, each tested to compute what the layers below compute.
 - the math (copyable: torch, the standard library and ``checks``): advantages, losses (PPO's clip, GSPO, the value
   loss), clip_alternatives (CISPO, SAPO, GMPO), aggregation (per-token terms to one loss), kl, rewards,
   group_filter (DAPO's dynamic sampling), preference, importance, entropy (the covariance term, Clip-Cov, KL-Cov,
   entropy bonus, pass@k), distill (on-policy distillation), truncation (top-k / top-p kept sets, the trainer's
   log-probs renormalised over them), stale_corrections (off-policy sequence masking, decoupled PPO, the staleness
   KL), checks (argument checks, numerical guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
-- the model side: tasks, gsm8k (GSM8K-style answers, reward and loader), tokenizer, chat (plain and
-  conversational prompts, chat templates), models, decoding (the sampling loop), rollout (what a batch of samples
-  holds, its masks and log-probs), moe (routing replay), inference_engine (a sampler unlike the trainer),
+- the model side: tasks, gsm8k (GSM8K-style answers, reward and loader), data_files (a user's JSONL or JSON
+  rows, each checked, errors naming file, line and field), tokenizer, chat (plain and conversational prompts, chat
+  templates), models, decoding (the sampling loop), rollout (what a batch of samples holds, its masks and
+  log-probs), moe (routing replay), inference_engine (a sampler unlike the trainer),
   precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted), lora
-  (LoRA through peft; the reference as the adapter switched off).
+  (LoRA through peft; the reference: the adapter switched off, or a frozen copy of a caller's trained one).
 - the loops, one stage per file: config, warm_start, rl, rl_offpolicy (the loop's stale and truncated samplers),
   checkpoint (checkpoints, exact resume, the saved policy), distill_loop (a teacher grades the student's tokens),
   preference_loop, preference_data, evaluation, entropy_control (the entropy switches in the update), history,

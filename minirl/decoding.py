@@ -21,8 +21,7 @@ from torch import Tensor
 from .chat import encode_prompts
 from .checks import zero_outside
 from .moe import Routes, record_routing
-from .rollout import (Rollout, check_tokenizer, completion_mask, eos_token_ids, position_ids_from_mask,
-                      token_logprobs)
+from .rollout import Rollout, check_tokenizer, completion_mask, eos_token_ids, position_ids_from_mask, token_logprobs
 from .truncation import kept_mask
 
 

@@ -11,11 +11,11 @@ from torch import Tensor
 
 from . import tasks
 from .checks import zero_outside
+from .decoding import generate
 from .entropy import mean_pass_at_k
 from .kl import exact_token_kl
 from .precision import autocast
 from .rewards import score_completions
-from .decoding import generate
 from .rollout import completion_logits, dataset_columns
 
 

@@ -295,6 +295,7 @@ def test_bad_reward_values_are_errors_naming_the_function():
 
 
 # ------------------------------------------------------------------------------------------------ per-reward metrics
+# paper-index: rewards.reward_metrics
 def test_each_reward_functions_own_mean_unweighted_with_none_rows_left_out():
     """Issue 47 item 13: with several rewards only their weighted sum was logged; each function's own mean is
     logged as TRL's rewards/<name>/mean (the nanmean of its unweighted column)."""
