@@ -6,15 +6,17 @@
 
 One GRPO step, as in Shao et al. 2024 (DeepSeekMath), algorithm 1 and eq. 3:
 
-    1. sample     G completions per prompt from the current policy pi_old            completion_ids_BT, B = P * G
-    2. score      a 0/1 reward: the number after '#' is the right running sum          rewards_B
-    3. advantage  A_i = (r_i - mean(r_group)) / (std(r_group) + eps), one per answer   advantages_B
+    1. sample     G completions for each of N prompts from the current policy pi_old    input_ids_BL, mask_BT
+    2. score      a 0/1 reward: is the number after '#' the prompt's answer?            rewards_B
+    3. advantage  A_i = (r_i - mean(r_group)) / (std(r_group) + adv_eps), one per answer  advantages_B
     4. loss       per token: -min(rho A, clip(rho, 1 - eps, 1 + eps) A) + beta * k3, with rho = pi / pi_old,
                   averaged over each answer's tokens, then over answers
-    5. update     AdamW on each minibatch of groups, the gradient norm clipped to 1
+    5. update     AdamW on each minibatch of whole groups, the gradient norm clipped to 1
 
 The file imports torch, transformers and the standard library only: copy it and it runs. Shapes are in the names:
-B completions, T completion tokens, P prompt tokens, V vocabulary. tests/test_minimal.py runs it beside minirl's
+N prompts (groups) per step, G answers per group, B = N * G rows, b the rows of one minibatch, P prompt tokens
+(left-padded), T completion tokens, L = P + T, V vocabulary; _B1 is a (B, 1) column that broadcasts over tokens.
+The sections below are numbered by these five steps. tests/test_minimal.py runs it beside minirl's
 library loop (``rl.train_rl`` with ``make_config("grpo")``) from the same model, data and seed, and checks that
 both compute the same loss, gradient norm and weights step by step.
 """
@@ -27,7 +29,6 @@ import copy
 import inspect
 import json
 import os
-import random
 import re
 import time
 from dataclasses import dataclass, fields
@@ -45,33 +46,37 @@ DATA = Path(os.environ.get("MINIRL_DATA") or Path(__file__).resolve().parents[2]
 @dataclass
 class Args:
     model: str = str(DATA / "warm_start" / "dense-cpu-s0")
-    """a Hugging Face causal LM (a save_pretrained folder or a hub name); default: minirl's toy warm start"""
+    """a Hugging Face causal LM (a save_pretrained folder or a hub name); default: minirl's toy warm start. For
+    another task, replace reward() below: it reads the toy's answers ('...#21')"""
     train_data: str = str(DATA / "train.jsonl")
     """JSONL rows with a "prompt" and an integer "answer"; the default is the running-sums task ("7+5+9=")"""
     test_data: str = str(DATA / "test.jsonl")
     """held-out rows in the same form, scored before and after training"""
     seed: int = 0
-    """seeds the prompts drawn, the sampling and the minibatch order"""
+    """seeds the prompts drawn, the sampling and the minibatch order (torch's generators; Python's random is unused)"""
     steps: int = 150
     """GRPO steps; each samples a fresh batch and makes num_minibatches optimiser steps"""
     prompts_per_step: int = 16
-    """P: prompts drawn per step"""
+    """N: prompts drawn per step (with replacement)"""
     group_size: int = 8
     """G: answers sampled per prompt; the group's mean reward is each answer's baseline"""
     max_new_tokens: int = 40
     """the longest answer; one that has not ended by then is cut (and scored as it is)"""
     temperature: float = 1.0
-    """sampling temperature; the log-probs are taken at the same temperature, so rho = 1 before the first update"""
+    """sampling temperature; the log-probs are taken at the same temperature, so pi_old is the very distribution
+    the tokens were drawn from (and rho = 1 before the first update)"""
     lr: float = 1e-4
     """AdamW's learning rate"""
     eps: float = 0.2
-    """PPO's clip range: rho is kept in [1 - eps, 1 + eps] where clipping lowers the objective"""
+    """PPO's clip range: a token whose rho has left [1 - eps, 1 + eps] on the side its advantage pushes towards
+    gets no gradient"""
     beta: float = 0.04
     """weight of the k3 estimate of KL(policy || reference) in the loss (the reference: the starting model)"""
     adv_eps: float = 1e-4
     """added to each group's reward std before dividing"""
     num_minibatches: int = 2
-    """optimiser steps per batch, each on a random share of the groups (a group's G answers stay together)"""
+    """optimiser steps per batch: the groups are shuffled and cut into this many parts, each one step (a group's G
+    answers stay together; with N not a multiple the last part is smaller, with N < num_minibatches there are N)"""
     max_grad_norm: float = 1.0
     """the gradient's norm is clipped to this before each optimiser step"""
     eval_size: int = 256
@@ -95,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
     return Args(**vars(parser.parse_args(argv)))
 
 
-# ------------------------------------------------------------------------------------------ the data and the reward
+# ------------------------------------------------------------------------------------------ the data
 def load_jsonl(path: str, n: int | None = None) -> list[dict]:
     """The rows of a JSONL file (the first ``n``), each with a "prompt" and an "answer"."""
     with open(path) as f:
@@ -106,6 +111,7 @@ def load_jsonl(path: str, n: int | None = None) -> list[dict]:
     return rows[:n]
 
 
+# ------------------------------------------------------------------------------------------ 2. score
 ANSWER = re.compile(r"^[0-9+=;]*#(-?[0-9]+)$")  # a scratchpad of sums, then '#' and the answer: "7+5=12;12+9=21#21"
 
 
@@ -117,7 +123,8 @@ def reward(completion: str, answer) -> float:
 
 # ------------------------------------------------------------------------------------------ 1. sample
 def positions(mask_BL: torch.Tensor) -> torch.Tensor:
-    """(B, L) position ids that skip the left padding: the first real token is position 0."""
+    """(B, L) position ids that skip the left padding: the first real token is position 0. (It sits in step 1, but
+    the log-probs below use it too.)"""
     return (mask_BL.long().cumsum(-1) - 1).clamp(min=0)
 
 
@@ -127,7 +134,8 @@ def sample(model, tokenizer, prompts: list[str], G: int, max_new_tokens: int, *,
     """G completions per prompt by ancestral sampling from softmax(logits / temperature), reusing the KV cache.
 
     Returns (input_ids_BL, attention_mask_BL, completion_mask_BT): prompt and completion side by side
-    (L = P + T; prompts left-padded), and 1 on each completion's tokens up to and including its end token.
+    (L = P + T; prompts left-padded; rows laid out group by group, B = N * G), and 1 on each completion's tokens
+    up to and including its end token.
     """
     model.eval()
     device = next(model.parameters()).device
@@ -169,7 +177,7 @@ def end_tokens(model, tokenizer) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
-# ------------------------------------------------------------------------------------------ log-probs
+# ------------------------------------------------------------------------------------------ log-probs (for steps 3-4)
 def token_logprobs(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.Tensor, P: int,
                    temperature: float) -> torch.Tensor:
     """(B, T) log pi(y_t | prompt, y_<t) of each completion token, from logits / temperature, in float32.
@@ -183,8 +191,9 @@ def token_logprobs(model, input_ids_BL: torch.Tensor, attention_mask_BL: torch.T
 
 # ------------------------------------------------------------------------------------------ 3. advantages
 def group_advantages(rewards_B: torch.Tensor, G: int, eps: float) -> torch.Tensor:
-    """(B,) A_i = (r_i - mean) / (std + eps) within each group of G (std with G - 1, as GRPO); a group whose
-    rewards are all equal teaches nothing and gets exactly 0 (DeepSeekMath, section 4.1.2)."""
+    """(B,) A_i = (r_i - mean) / (std + eps) within each group of G (std with G - 1, as GRPO). A group whose
+    rewards are all equal gets exactly 0: no policy-gradient signal (its answers still count in the loss's
+    denominator and in its KL term). DeepSeekMath, section 4.1.2."""
     r_NG = rewards_B.view(-1, G)
     centred_NG = r_NG - r_NG.mean(dim=1, keepdim=True)
     equal_N1 = (r_NG.amax(dim=1, keepdim=True) == r_NG.amin(dim=1, keepdim=True))
@@ -194,9 +203,19 @@ def group_advantages(rewards_B: torch.Tensor, G: int, eps: float) -> torch.Tenso
 
 # ------------------------------------------------------------------------------------------ 4. the loss
 def seq_mean_token_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor, n_seqs: int) -> torch.Tensor:
-    """GRPO's aggregation: each answer's mean over its own tokens, summed over answers, divided by n_seqs (the whole
-    minibatch's count of answers, so a long answer weighs as much as a short one)."""
+    """GRPO's aggregation (eq. 3's 1/G sum_i 1/|o_i| sum_t): each answer's mean over its own tokens, so a long
+    answer weighs as much as a short one, summed over answers and divided by n_seqs, the minibatch's answers that
+    have at least one token."""
     return ((x_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)).sum() / n_seqs
+
+
+def k3(log_r_BT: torch.Tensor) -> torch.Tensor:
+    """k3 = r - 1 - log r from x = log r (Schulman 2020): never negative, its mean over pi's samples is the KL.
+    In float32, exp(x) - 1 - x cancels near r = 1 (0 at x = 1e-4) and even expm1(x) - x loses digits, so small
+    |x| take the series x^2/2 + x^3/6 + ... + x^6/720 (as minirl's checks.k3_of_log_ratio)."""
+    x_BT = log_r_BT.clamp(-0.1, 0.1)  # the clamp keeps the unused branch's gradient finite
+    series_BT = x_BT * x_BT * (1 / 2 + x_BT * (1 / 6 + x_BT * (1 / 24 + x_BT * (1 / 120 + x_BT / 720))))
+    return torch.where(log_r_BT.abs() < 0.1, series_BT, torch.expm1(log_r_BT) - log_r_BT)
 
 
 def grpo_loss(logprobs_BT, old_logprobs_BT, ref_logprobs_BT, advantages_B, mask_BT, *, eps: float, beta: float,
@@ -204,10 +223,12 @@ def grpo_loss(logprobs_BT, old_logprobs_BT, ref_logprobs_BT, advantages_B, mask_
     """GRPO's objective (eq. 3), negated: the clipped surrogate plus beta times k3, an estimate of
     KL(policy || reference), both per token and aggregated by ``seq_mean_token_mean``."""
     A_B1 = advantages_B[:, None]
+    # padding may hold any log-prob (even -inf): its log-ratio is set to 0 before exp, so nothing there is inf or
+    # NaN, not even in the gradient (a mask multiplied in afterwards would give 0 * inf = NaN)
     ratio_BT = torch.exp(torch.where(mask_BT > 0, logprobs_BT - old_logprobs_BT, 0.0))  # rho = pi / pi_old
     surrogate_BT = torch.maximum(-A_B1 * ratio_BT, -A_B1 * ratio_BT.clamp(1 - eps, 1 + eps))  # PPO's clip, eq. 3
     log_r_BT = torch.where(mask_BT > 0, ref_logprobs_BT - logprobs_BT, 0.0)  # k3 = r - 1 - log r, r = ref / pi (eq. 4)
-    k3_BT = torch.expm1(log_r_BT) - log_r_BT  # expm1: exact near r = 1, where exp(x) - 1 - x cancels in float32
+    k3_BT = k3(log_r_BT)
     pg_loss = seq_mean_token_mean(surrogate_BT, mask_BT, n_seqs)
     kl_loss = seq_mean_token_mean(k3_BT, mask_BT, n_seqs)
     # tokens whose gradient the clip removed: rho left the band on the side A pushes it to
@@ -221,7 +242,8 @@ def evaluate(model, tokenizer, rows: list[dict], args: Args, *, greedy: bool) ->
     """Held-out accuracy: the share of answers that are right, sampled (eval_samples per prompt) or greedy.
     Seeded on its own, so evaluating does not move training's random numbers."""
     k = 1 if greedy else args.eval_samples
-    with torch.random.fork_rng(devices=[]):
+    on_gpu = next(model.parameters()).is_cuda  # fork the generator the sampling draws from: CPU's, or the GPU's
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if on_gpu else []):
         torch.manual_seed(args.seed)
         ids_BL, _, mask_BT = sample(model, tokenizer, [r["prompt"] for r in rows], k, args.max_new_tokens,
                                     temperature=args.temperature, greedy=greedy)
@@ -230,19 +252,18 @@ def evaluate(model, tokenizer, rows: list[dict], args: Args, *, greedy: bool) ->
     return sum(reward(t, a) for t, a in zip(texts, answers, strict=True)) / len(texts)
 
 
-# ------------------------------------------------------------------------------------------ the training loop
+# ------------------------------------------------------------------------------------------ 5. update: the loop
 def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) -> list[dict]:
     """``args.steps`` GRPO steps on ``model``, in place; one log row per step. ``on_update(stats)`` is called after
     every optimiser step (tests compare those with the library's)."""
-    random.seed(args.seed)
     torch.manual_seed(args.seed)  # the sampling draws
     gen = torch.Generator().manual_seed(args.seed)  # the prompts drawn and the minibatch order
     ref_model = copy.deepcopy(model).eval().requires_grad_(False)  # the reference: the starting policy, frozen
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    P, G, log = args.prompts_per_step, args.group_size, []
+    N, G, log = args.prompts_per_step, args.group_size, []
     for step in tqdm(range(1, args.steps + 1), desc="grpo"):
-        # 1. sample: P prompts, G completions each
-        rows = [train_rows[i] for i in torch.randint(len(train_rows), (P,), generator=gen).tolist()]
+        # 1. sample: N prompts (drawn with replacement), G completions each
+        rows = [train_rows[i] for i in torch.randint(len(train_rows), (N,), generator=gen).tolist()]
         input_ids_BL, attention_mask_BL, mask_BT = sample(model, tokenizer, [r["prompt"] for r in rows], G,
                                                           args.max_new_tokens, temperature=args.temperature)
         n_prompt = input_ids_BL.shape[1] - mask_BT.shape[1]
@@ -255,9 +276,11 @@ def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) 
         with torch.no_grad():
             old_logprobs_BT = token_logprobs(model, input_ids_BL, attention_mask_BL, n_prompt, args.temperature)
             ref_logprobs_BT = token_logprobs(ref_model, input_ids_BL, attention_mask_BL, n_prompt, args.temperature)
-        # 4-5. loss and update, one optimiser step per minibatch of whole groups
+        # 4-5. loss and update, one optimiser step per minibatch of whole groups. pi_old's log-probs above came in
+        # eval mode and these in train mode: the same numbers only because these models have no dropout (with
+        # dropout, switch it off, or rho != 1 before any update)
         model.train()
-        groups = torch.randperm(P, generator=gen)
+        groups = torch.randperm(N, generator=gen)
         for chunk in groups.chunk(args.num_minibatches):
             rows_b = (chunk[:, None] * G + torch.arange(G)).flatten().to(mask_BT.device)
             logprobs_bT = token_logprobs(model, input_ids_BL[rows_b], attention_mask_BL[rows_b], n_prompt,
@@ -272,6 +295,7 @@ def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) 
             optimizer.step()
             if on_update is not None:
                 on_update({"loss": loss.item(), "grad_norm": float(grad_norm), **stats})
+        # the step's row: the batch's mean reward; loss, kl and clip_frac of its last minibatch
         log.append({"step": step, "reward": float(rewards_B.mean()), "loss": loss.item(), **stats})
     return log
 
@@ -279,7 +303,6 @@ def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     t0 = time.time()
-    torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")  # prompts end where answers start
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
