@@ -347,6 +347,19 @@ MINIMAL_EQUATIONS = {
             r"\operatorname{clip}(\rho_{i,t}, 1-\varepsilon, 1+\varepsilon)A_i\big) - \beta\,k_3\Big],\quad "
             r"A_i = \frac{r_i - \operatorname{mean}(r)}{\operatorname{std}(r) + \varepsilon_A},\quad "
             r"\rho_{i,t} = \frac{\pi_\theta(y_{i,t})}{\pi_\text{old}(y_{i,t})}",
+    "ppo": r"\mathcal{L} = -\frac{1}{N_\text{tok}}\sum_{i,t}\min\big(\rho_{i,t}\hat A_{i,t},\ "
+           r"\operatorname{clip}(\rho_{i,t}, 1-\varepsilon, 1+\varepsilon)\hat A_{i,t}\big),\quad "
+           r"\hat A_t = \sum_{l \ge 0}(\gamma\lambda)^l\delta_{t+l},\quad "
+           r"\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t),\quad "
+           r"r_t = [t = T]\,R - \beta\,(\log\pi_\text{old}(y_t) - \log\pi_\text{ref}(y_t));\quad "
+           r"\mathcal{L}_V = \frac{1}{2N_\text{tok}}\sum_{i,t}\max\big((V - \hat R)^2,\ "
+           r"(V_\text{old} + \operatorname{clip}(V - V_\text{old}, -c, c) - \hat R)^2\big)",
+    "dpo": r"\mathcal{L} = -\frac{1}{b}\sum_{(x, y_w, y_l)}\log\sigma\Big(\beta\Big[\log"
+           r"\frac{\pi_\theta(y_w \mid x)}{\pi_\text{ref}(y_w \mid x)} - \log"
+           r"\frac{\pi_\theta(y_l \mid x)}{\pi_\text{ref}(y_l \mid x)}\Big]\Big)",
+    "distill": r"\mathcal{L} = -\frac{1}{N_\text{tok}}\sum_{i,t}\operatorname{sg}(A_{i,t})\log p_\theta(y_{i,t}),"
+               r"\quad A_{i,t} = \sum_{s \ge t}\gamma^{s-t}\big(\log q(y_{i,s}) - \log p_\theta(y_{i,s})\big),"
+               r"\quad y \sim p_\theta",
 }
 #: What each one-file algorithm is, in the words its page opens with (the files say the rest themselves).
 MINIMAL = {"grpo": "GRPO", "ppo": "PPO with a critic, GAE and the KL in the reward", "dpo": "DPO",
