@@ -8,7 +8,7 @@ One step of on-policy distillation with the per-token reverse KL as the reward: 
 2306.13649), algorithm 1 with lambda = 1 (always the student's own samples), and Thinking Machines, "On-Policy
 Distillation" (2025), which grades each token by itself (discount 0). p is the student, q the teacher:
 
-    1. sample     G completions per prompt from the student p                              completion_ids_BT, B = P * G
+    1. sample     G completions per prompt from the student p                              completion_ids_BT, B = N * G
     2. grade      the teacher's log-prob of every sampled token, log q(y_t | x, y_<t)       teacher_logprobs_BT
     3. advantage  r_t = log q(y_t) - log p(y_t), minus the token's reverse KL (detached); A_t = sum_{s >= t}
                   gamma^(s - t) r_s, and gamma = 0 keeps each token's own reward                   advantages_BT
@@ -21,9 +21,10 @@ equal to its teacher gets exactly zero gradient (every r_t is 0); a token the te
 does is pushed up, one it finds less likely is pushed down.
 
 The file imports torch, transformers and the standard library only: copy it and it runs. Shapes are in the names:
-B completions, T completion tokens, P prompt tokens, V vocabulary. tests/test_minimal_distill.py runs it beside
-minirl's library loop (``distill_loop.train_distill`` with ``distill="reverse_kl"``) from the same student, teacher,
-data and seed, and checks that both compute the same loss, gradient norm and weights step by step.
+N prompts per step, G completions each, B = N * G completions, T completion tokens, P prompt tokens (left-padded),
+L = P + T, V vocabulary. tests/test_minimal_distill.py runs it beside minirl's library loop
+(``distill_loop.train_distill`` with ``distill="reverse_kl"``) from the same student, teacher, data and seed, and
+checks that both compute the same loss, gradient norm and weights step by step.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Args:
     steps: int = 40
     """distillation steps; each samples a fresh batch from the student and makes one optimiser step"""
     prompts_per_step: int = 16
-    """P: prompts drawn per step"""
+    """N: prompts drawn per step (with replacement)"""
     group_size: int = 8
     """G: answers sampled per prompt (each is graded on its own: no group baseline)"""
     max_new_tokens: int = 40
@@ -239,10 +240,10 @@ def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) 
         raise ValueError(f"the teacher's vocabulary ({teacher.config.vocab_size}) must be the student's "
                          f"({model.config.vocab_size}): their log-probs are compared token by token")
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    P, G, log = args.prompts_per_step, args.group_size, []
+    N, G, log = args.prompts_per_step, args.group_size, []
     for step in tqdm(range(1, args.steps + 1), desc="distill"):
-        # 1. sample: P prompts, G completions each, from the student
-        rows = [train_rows[i] for i in torch.randint(len(train_rows), (P,), generator=gen).tolist()]
+        # 1. sample: N prompts (drawn with replacement), G completions each, from the student
+        rows = [train_rows[i] for i in torch.randint(len(train_rows), (N,), generator=gen).tolist()]
         input_ids_BL, attention_mask_BL, mask_BT = sample(model, tokenizer, [r["prompt"] for r in rows], G,
                                                           args.max_new_tokens, temperature=args.temperature)
         n_prompt = input_ids_BL.shape[1] - mask_BT.shape[1]

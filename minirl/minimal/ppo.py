@@ -6,7 +6,7 @@
 
 One PPO step in its RLHF form (Ziegler et al. 2019; Ouyang et al. 2022, eq. 2: the KL penalty in the reward):
 
-    1. sample     G completions per prompt from the current policy pi_old            completion_ids_BT, B = P * G
+    1. sample     G completions per prompt from the current policy pi_old            completion_ids_BT, B = N * G
     2. reward     per token: the 0/1 score on the answer's last token, minus beta * k1 on every token, with
                   k1 = log pi_old - log pi_ref (a KL estimate; the reference: the starting model)   rewards_BT
     3. advantage  the critic's V(s_t); GAE (Schulman et al. 2016, eq. 16): delta_t = r_t + gamma V_{t+1} - V_t,
@@ -16,9 +16,10 @@ One PPO step in its RLHF form (Ziegler et al. 2019; Ouyang et al. 2022, eq. 2: t
     5. update     AdamW on each minibatch of groups, for the policy and the critic, each gradient norm clipped to 1
 
 The file imports torch, transformers and the standard library only: copy it and it runs. Shapes are in the names:
-B completions, T completion tokens, P prompt tokens, V vocabulary, H hidden size. tests/test_minimal_ppo.py runs it
-beside minirl's library loop (``rl.train_rl`` with ``make_config("ppo")``) from the same model, data and seed, and
-checks that both compute the same loss, gradient norm and weights (the policy's and the critic's) step by step.
+N prompts per step, G completions each, B = N * G completions, T completion tokens, P prompt tokens (left-padded),
+L = P + T, V vocabulary, H hidden size. tests/test_minimal_ppo.py runs it beside minirl's library loop
+(``rl.train_rl`` with ``make_config("ppo")``) from the same model, data and seed, and checks that both compute the
+same loss, gradient norm and weights (the policy's and the critic's) step by step.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ class Args:
     steps: int = 150
     """PPO steps; each samples a fresh batch and makes epochs x num_minibatches optimiser steps"""
     prompts_per_step: int = 16
-    """P: prompts drawn per step"""
+    """N: prompts drawn per step (with replacement)"""
     group_size: int = 8
-    """G: answers sampled per prompt (PPO needs no group: the critic is the baseline; a batch is P x G answers)"""
+    """G: answers sampled per prompt (PPO needs no group: the critic is the baseline; a batch is N x G answers)"""
     max_new_tokens: int = 40
     """the longest answer; one that has not ended by then is cut (and scored as it is)"""
     temperature: float = 1.0
@@ -293,10 +294,10 @@ def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) 
     critic = Critic(model).to(next(model.parameters()).device)
     optimizer = torch.optim.AdamW([{"params": model.parameters(), "lr": args.lr},
                                    {"params": critic.parameters(), "lr": args.value_lr}], weight_decay=0.0)
-    P, G, log = args.prompts_per_step, args.group_size, []
+    N, G, log = args.prompts_per_step, args.group_size, []
     for step in tqdm(range(1, args.steps + 1), desc="ppo"):
-        # 1. sample: P prompts, G completions each
-        rows = [train_rows[i] for i in torch.randint(len(train_rows), (P,), generator=gen).tolist()]
+        # 1. sample: N prompts (drawn with replacement), G completions each
+        rows = [train_rows[i] for i in torch.randint(len(train_rows), (N,), generator=gen).tolist()]
         input_ids_BL, attention_mask_BL, mask_BT = sample(model, tokenizer, [r["prompt"] for r in rows], G,
                                                           args.max_new_tokens, temperature=args.temperature)
         n_prompt = input_ids_BL.shape[1] - mask_BT.shape[1]
@@ -317,7 +318,7 @@ def train(args: Args, model, tokenizer, train_rows: list[dict], on_update=None) 
         model.train()
         critic.train()
         for _ in range(args.epochs):
-            for chunk in torch.randperm(P, generator=gen).chunk(args.num_minibatches):
+            for chunk in torch.randperm(N, generator=gen).chunk(args.num_minibatches):
                 b = (chunk[:, None] * G + torch.arange(G)).flatten().to(mask_BT.device)  # the minibatch's rows
                 logprobs_bT = token_logprobs(model, input_ids_BL[b], attention_mask_BL[b], n_prompt, args.temperature)
                 values_bT = critic(input_ids_BL[b], attention_mask_BL[b], n_prompt)
