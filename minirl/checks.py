@@ -80,7 +80,7 @@ def exp_linear_above(x: Tensor, cap: float = LOG_RATIO_LINEAR_ABOVE) -> Tensor:
     return torch.where(x <= cap, below, math.exp(cap) * (1 + (x - cap)))
 
 
-#: Below this |log r|, k3 (``k3_of_log_ratio``) is summed from its series: there expm1(x) - x still cancels in float32.
+#: Below this |log r|, k3 in float32 (``k3_of_log_ratio``) is summed from its series: there expm1(x) - x still cancels.
 K3_SERIES_BELOW = 0.1
 
 
@@ -90,8 +90,10 @@ def k3_of_log_ratio(log_r: Tensor, cap: float = LOG_RATIO_LINEAR_ABOVE) -> Tenso
     Near r = 1, where k3 lives early in training and between a sampler and a trainer, exp(x) - 1 - x cancels
     catastrophically in float32: at x = 1e-4 the true x^2/2 = 5e-9 is below float32's step at 1 (1.2e-7), so the
     result is 0 or a multiple of 6e-8; at 1e-3 it is 7% off. expm1(x) - x keeps x's relative precision but still
-    subtracts two numbers that agree in most digits (9% off at 1e-6, 1e-5 at 1e-2), so below |x| = 0.1 the series
-    x^2/2 + x^3/6 + ... + x^6/720 is summed (the first term left out is x^5/2520 of the value: 4e-9 at 0.1).
+    subtracts two numbers that agree in most digits (9% off at 1e-6, 1e-5 at 1e-2), so in float32 (and float16,
+    bfloat16) below |x| = 0.1 the series x^2/2 + x^3/6 + ... + x^6/720 is summed (the first term left out is x^5/2520
+    of the value: 4e-9 at 0.1, below float32's 1.2e-7). float64 keeps expm1(x) - x everywhere: its relative error,
+    about 2e-16 / |x|, is 2e-10 at 1e-6, finer than the series' 4e-9.
     Above ``cap`` exp is continued by its tangent as in ``exp_linear_above``: finite, >= 0, gradient of the exact
     sign.
 
@@ -106,7 +108,9 @@ def k3_of_log_ratio(log_r: Tensor, cap: float = LOG_RATIO_LINEAR_ABOVE) -> Tenso
     Source: Schulman 2020 ("Approximating KL Divergence", k3); rlhf-book PR #525 (expm1 in k3); the float32 checks
     against float64 are in tests/test_k3_float32.py.
     """
+    far = torch.where(log_r <= cap, torch.expm1(log_r.clamp(max=cap)), math.exp(cap) * (1 + (log_r - cap)) - 1)
+    if torch.finfo(log_r.dtype).eps < 1e-10:  # float64
+        return far - log_r
     near = log_r.clamp(-K3_SERIES_BELOW, K3_SERIES_BELOW)  # the clamps keep each unused branch's gradient finite
     series = near * near * (1 / 2 + near * (1 / 6 + near * (1 / 24 + near * (1 / 120 + near / 720))))
-    far = torch.where(log_r <= cap, torch.expm1(log_r.clamp(max=cap)), math.exp(cap) * (1 + (log_r - cap)) - 1)
     return torch.where(log_r.abs() < K3_SERIES_BELOW, series, far - log_r)
