@@ -48,6 +48,14 @@ def check_settings(cfg: RLConfig) -> None:
     t = cfg.off_policy_mask_threshold
     if t is not None and not (math.isfinite(t) and t >= 0):
         raise ValueError(f"off_policy_mask_threshold must be None or a finite number >= 0 (nats per token), got {t}")
+    per_token = cfg.advantage == "gae" or (cfg.beta > 0 and cfg.kl_placement == "reward")
+    if t is not None and per_token:  # DeepSeek-V3.2 states the rule for one advantage per sequence; no sign rule
+        # for per-token advantages is published, and minirl does not invent one
+        raise ValueError(f"off_policy_mask_threshold masks a sequence whose advantage is negative: it needs one "
+                         f"advantage per sequence, but advantage={cfg.advantage!r} with beta={cfg.beta} and "
+                         f"kl_placement={cfg.kl_placement!r} gives one per token (GAE, or the KL penalty in the "
+                         f"reward); use kl_placement='loss' with a group advantage, or the importance corrections "
+                         f"(is_correction) for a per-token advantage")
     if cfg.kl_ratio_weighted and not (cfg.beta > 0 and cfg.kl_placement == "loss" and cfg.kl_estimator == "k3"):
         raise ValueError(f"kl_ratio_weighted weights k3 in the loss: it needs beta > 0, kl_placement='loss' and "
                          f"kl_estimator='k3', got beta={cfg.beta}, {cfg.kl_placement!r}, {cfg.kl_estimator!r}")

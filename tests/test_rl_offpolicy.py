@@ -182,6 +182,17 @@ def test_settings_are_validated(bad, name):
         config.make_config("grpo", **bad)
 
 
+def test_off_policy_sequence_masking_with_per_token_advantages_is_refused_at_the_config():
+    """Issue 47 item 2: PPO (GAE) and GRPO with the KL in the reward passed validate, then crashed after the first
+    rollout ("advantages must have shape (4,), got (4, 4)"). DeepSeek-V3.2's rule reads one advantage per sequence;
+    with per-token advantages the setting is refused before anything runs, naming both settings."""
+    for algo, extra in (("ppo", {}), ("grpo", dict(beta=0.04, kl_placement="reward"))):
+        with pytest.raises(ValueError, match=r"off_policy_mask_threshold .*one advantage per sequence.*kl_placement"):
+            config.make_config(algo, off_policy_mask_threshold=0.5, **extra)
+    assert config.make_config("grpo", off_policy_mask_threshold=0.5).off_policy_mask_threshold == 0.5  # KL in loss
+    assert config.make_config("grpo", off_policy_mask_threshold=0.5, beta=0.0, kl_placement="reward").beta == 0.0
+
+
 def test_defaults_are_off():
     cfg = config.make_config("grpo")
     assert (cfg.top_k, cfg.top_p, cfg.keep_sampling_mask, cfg.sampler_sync_every, cfg.off_policy_mask_threshold,
