@@ -383,6 +383,30 @@ def _nanstd(x: Tensor, dim: int | None = None) -> Tensor:
     return torch.sqrt(variance * correction)
 
 
+def gdpo_group_sums(rewards_per_func: Tensor, weights: Tensor, *, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GDPO's first stage, s_i = sum_k w_k (r_ik - mean_group(r_k)) / (std_group(r_k) + eps): (B,), NaN on a row
+    no function scored. Each group's s sums to 0, so a group has signal (advantages not all 0 after the batch
+    normalisation) exactly when its s are not all equal: what DAPO's dynamic sampling keeps under GDPO.
+
+    Example: one group of G = 2, f1 = [1, 0], f2 = [0, 2], weights [2, 1]: f1 normalised [0.7071, -0.7071] (std
+    0.7071), f2 [-0.7071, 0.7071] (std 1.4142, eps aside), s = [2 * 0.7071 - 0.7071, -2 * 0.7071 + 0.7071] =
+    [0.7071, -0.7071], where the weighted sum of raw rewards, [2, 2], is equal in the group.
+
+    Args: as ``gdpo_advantages`` (whose checks this stage leaves to its callers).
+
+    Source: GDPO, Liu et al. 2026 (arXiv 2601.05242), the per-function group normalisation; reading it as DAPO's
+    filter (Yu et al. 2025, eq. 11: keep a group whose advantages are not all zero) is minirl's.
+    """
+    K = rewards_per_func.shape[1]
+    grouped = rewards_per_func.float().view(-1, group_size, K)  # (groups, G, K)
+    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
+    std_k = _nanstd(grouped, dim=1) if group_size > 1 else torch.zeros_like(mean_k)
+    normalised = ((grouped - mean_k) / (std_k + eps)).view(-1, K)  # (B, K)
+    summed = (normalised * weights.to(normalised).unsqueeze(0)).nansum(dim=1)  # (B,) weights after normalising
+    summed[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscored rows: out of the batch statistics
+    return summed
+
+
 def gdpo_advantages(rewards_per_func: Tensor, weights: Tensor, *, group_size: int, eps: float = 1e-4) -> Tensor:
     """GDPO: each reward function normalised within its group first, then the weighted sum, normalised over the batch.
 
@@ -434,11 +458,6 @@ def gdpo_advantages(rewards_per_func: Tensor, weights: Tensor, *, group_size: in
         raise ValueError("rewards_per_func must be finite (NaN marks a function that did not score a row)")
     if group_size < 1 or B % group_size != 0:
         raise ValueError(f"rewards_per_func has {B} rows, not a multiple of group_size={group_size}")
-    grouped = rewards_per_func.float().view(-1, group_size, K)  # (groups, G, K)
-    mean_k = torch.nanmean(grouped, dim=1, keepdim=True)
-    std_k = _nanstd(grouped, dim=1) if group_size > 1 else torch.zeros_like(mean_k)
-    normalised = ((grouped - mean_k) / (std_k + eps)).view(-1, K)  # (B, K)
-    summed = (normalised * weights.to(normalised).unsqueeze(0)).nansum(dim=1)  # (B,) weights after normalising
-    summed[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscored rows: out of the batch statistics
+    summed = gdpo_group_sums(rewards_per_func, weights, group_size=group_size, eps=eps)  # (B,), NaN: unscored
     std = _nanstd(summed).expand_as(summed) if summed.numel() > 1 else torch.zeros_like(summed)
     return torch.nan_to_num((summed - torch.nanmean(summed)) / (std + eps), nan=0.0)

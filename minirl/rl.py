@@ -227,11 +227,13 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
         s, r.rewards_per_func = rewards.score_completions(  # (B,) the weighted sum, (B, K) per function (GDPO)
             reward_fn, r.prompts, r.completions, completion_ids=completion_id_lists(r), columns=r.columns,
             weights=reward_weights, reward_kwargs=reward_kwargs, per_function=True)
-        return s, (r, s)
+        gdpo = cfg.multi_objective_aggregation == "normalize_then_sum"  # a group has signal when its advantages do
+        return (adv.gdpo_group_sums(*gdpo_inputs(r, cfg, reward_weights), group_size=G, eps=cfg.adv_eps)
+                if gdpo else s), (r, s)
 
     if not cfg.dynamic_sampling:
-        scores, (batch, _) = one_round(0, cfg.prompts_per_step)
-        signal = group_filter.has_signal(scores, G)
+        signal_scores, (batch, scores) = one_round(0, cfg.prompts_per_step)
+        signal = group_filter.has_signal(signal_scores, G)
         return batch, scores, {"gen_rounds": 1, "gen_samples": scores.numel(),
                                "useful_groups": float(signal.float().mean()),
                                "useful_groups_in_batch": int(signal.sum()),
@@ -376,16 +378,21 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
 
 
 def gdpo_advantages(batch: rollout.Rollout, cfg: RLConfig, reward_weights=None) -> Tensor:
-    """(B,) GDPO's advantages of the batch's per-function scores (``adv.gdpo_advantages``); DAPO's overlong
-    penalty, when on, is one more function of weight 1, as in TRL where it is one of the reward functions."""
+    """(B,) GDPO's advantages of the batch's per-function scores (``adv.gdpo_advantages``)."""
+    return adv.gdpo_advantages(*gdpo_inputs(batch, cfg, reward_weights), group_size=cfg.group_size,
+                               eps=cfg.adv_eps).to(batch.completion_mask.device)
+
+
+def gdpo_inputs(batch: rollout.Rollout, cfg: RLConfig, reward_weights=None) -> tuple[Tensor, Tensor]:
+    """GDPO's (B, K) per-function scores and (K,) weights; DAPO's overlong penalty, when on, is one more function
+    of weight 1, as in TRL where it is one of the reward functions."""
     per_func = batch.rewards_per_func
     weights = torch.tensor([1.0] * per_func.shape[1] if reward_weights is None else list(reward_weights))
     if cfg.overlong_shaping:
         penalty = rewards.overlong_penalty(batch.lengths.cpu(), max_len=cfg.max_new_tokens,
                                            cache_len=cfg.overlong_cache_len)
         per_func, weights = torch.cat([per_func, penalty.unsqueeze(1)], dim=1), torch.cat([weights, torch.ones(1)])
-    return adv.gdpo_advantages(per_func, weights, group_size=cfg.group_size,
-                               eps=cfg.adv_eps).to(batch.completion_mask.device)
+    return per_func, weights
 
 
 def loss_mask(batch: rollout.Rollout, cfg: RLConfig) -> Tensor:

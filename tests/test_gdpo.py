@@ -127,3 +127,40 @@ def test_the_loop_trains_on_gdpo_advantages_of_each_functions_scores(tok, monkey
     assert per_func[3::4, 1].isnan().all() and not per_func[:, 0].isnan().any()  # None stays NaN, per function
     assert (per_func[:, 2] <= 0).all() and math.isfinite(history.rows[0]["loss"])
     torch.testing.assert_close(adv, original(per_func, weights, group_size=4))
+
+
+# paper-index: advantages.gdpo_group_sums
+def test_dynamic_sampling_under_gdpo_keeps_a_group_whose_advantages_differ(tok):
+    """Issue 47 item 4: f1 = [1, 0], f2 = [0, 2], weights [2, 1]. The weighted sums are [2, 2], equal, so DAPO's filter
+    on them dropped the group ("found 0 of 1 groups"), though GDPO normalises each function first and its
+    advantages are +-0.707. Under GDPO the filter reads the group-normalised sums: the group is kept."""
+    # by hand: f1 normalised [0.7071, -0.7071]; f2 [-0.7071, 0.7071] (std 1.4142 + eps); s = 2 f1~ + f2~
+    per_func, weights = torch.tensor([[1.0, 0.0], [0.0, 2.0]]), torch.tensor([2.0, 1.0])
+    s = advantages.gdpo_group_sums(per_func, weights, group_size=2)
+    torch.testing.assert_close(s, torch.tensor([2 / (0.5**0.5 + 1e-4) * 0.5 - 1 / (2**0.5 + 1e-4),
+                                                -2 / (0.5**0.5 + 1e-4) * 0.5 + 1 / (2**0.5 + 1e-4)]))
+    torch.testing.assert_close(advantages.gdpo_advantages(per_func, weights, group_size=2),
+                               torch.tensor([0.7071, -0.7071]), atol=1e-3, rtol=0)
+    equal = advantages.gdpo_group_sums(torch.tensor([[1.0, 2.0], [1.0, 2.0]]), weights, group_size=2)
+    assert equal.tolist() == [0.0, 0.0]  # every function constant in the group: no signal
+
+    def f1(completions, **_):  # rows alternate within each group of 2
+        return [float(i % 2 == 0) for i in range(len(completions))]
+
+    def f2(completions, **_):
+        return [2.0 * (i % 2) for i in range(len(completions))]
+
+    model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    data = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4="]})
+    for aggregation, kept in (("normalize_then_sum", True), ("sum_then_normalize", False)):
+        cfg = config.make_config("grpo", steps=1, prompts_per_step=1, group_size=2, max_new_tokens=4, progress=False,
+                                 dynamic_sampling=True, max_gen_batches=2, multi_objective_aggregation=aggregation,
+                                 num_minibatches=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if kept:
+                row = rl.train_rl(model, tok, cfg, data, reward_fn=[f1, f2], reward_weights=[2.0, 1.0]).rows[-1]
+                assert (row["gen_rounds"], row["useful_groups"], row["useful_groups_in_batch"]) == (1, 1.0, 1)
+            else:  # summed first, the rewards [2, 2] are equal: no advantage, and the group is rightly dropped
+                with pytest.raises((RuntimeError, ValueError), match="group"):
+                    rl.train_rl(model, tok, cfg, data, reward_fn=[f1, f2], reward_weights=[2.0, 1.0])
