@@ -140,8 +140,8 @@ def clip_cov_mask(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, ma
 
 def clip_cov_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                         fraction: float = 2e-4, cov_low: float = 1.0, cov_high: float = 5.0, eps_low: float = 0.2,
-                        eps_high: float | None = None, generator: torch.Generator | None = None
-                        ) -> tuple[Tensor, dict]:
+                        eps_high: float | None = None, generator: torch.Generator | None = None,
+                        selected: Tensor | None = None) -> tuple[Tensor, dict]:
     """Clip-Cov's per-token loss: PPO's clipped surrogate, 0 (value and gradient) on the ``clip_cov_mask`` tokens.
 
     loss_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high)) off the selection, 0 on it (no dual clip).
@@ -152,7 +152,9 @@ def clip_cov_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tens
     instead of -2.
 
     Args:
-        as ``clip_cov_mask``.
+        as ``clip_cov_mask``; selected: (B, T) bool, the tokens already chosen over a larger batch (the optimiser
+            minibatch these rows are a micro-batch of: ``entropy_control.with_cov_selection``); None: chosen here,
+            over these rows.
 
     Returns:
         (per_token, stats): per_token (B, T), 0 outside the mask. stats (floats): clip_cov_frac (selected / valid
@@ -167,8 +169,10 @@ def clip_cov_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tens
     Source: Cui et al. 2025, arXiv 2505.22617, the Clip-Cov loss; verl 0.9.1 ``compute_policy_loss_clip_cov``.
     """
     eps_high = eps_low if eps_high is None else eps_high
-    selected = clip_cov_mask(logprobs, old_logprobs, advantages, mask, fraction=fraction, cov_low=cov_low,
-                             cov_high=cov_high, eps_low=eps_low, eps_high=eps_high, generator=generator)  # (B, T)
+    if selected is None:
+        selected = clip_cov_mask(logprobs, old_logprobs, advantages, mask, fraction=fraction, cov_low=cov_low,
+                                 cov_high=cov_high, eps_low=eps_low, eps_high=eps_high, generator=generator)  # (B, T)
+    same_shape(logprobs=logprobs, selected=selected)
     adv = zero_outside(_per_token(advantages, logprobs), mask)  # (B, T)
     log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
     ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE)  # (B, T)
@@ -220,7 +224,8 @@ def kl_cov_mask(logprobs: Tensor, advantages: Tensor, mask: Tensor, *, fraction:
 
 
 def kl_cov_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
-                      fraction: float = 2e-4, kl_coef: float = 1.0) -> tuple[Tensor, dict]:
+                      fraction: float = 2e-4, kl_coef: float = 1.0, selected: Tensor | None = None
+                      ) -> tuple[Tensor, dict]:
     """KL-Cov's per-token loss: the unclipped surrogate -A r, plus kl_coef * |log r| on the ``kl_cov_mask`` tokens.
 
     No PPO clip at all: the KL penalty on the few high-covariance tokens is what holds the update back. |log r|
@@ -234,6 +239,7 @@ def kl_cov_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor
         logprobs, old_logprobs, mask: (B, T); advantages (B,) or (B, T).
         fraction: as ``kl_cov_mask``.
         kl_coef: the penalty's weight beta (the paper's and verl's default 1).
+        selected: as ``clip_cov_token_loss``'s: the tokens chosen over the whole minibatch, or None (here).
 
     Returns:
         (per_token, stats): per_token (B, T), 0 outside the mask. stats (floats): kl_cov_frac (selected / valid
@@ -249,7 +255,9 @@ def kl_cov_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
     same_shape(logprobs=logprobs, old_logprobs=old_logprobs)
-    selected = kl_cov_mask(logprobs, advantages, mask, fraction=fraction)  # (B, T)
+    if selected is None:
+        selected = kl_cov_mask(logprobs, advantages, mask, fraction=fraction)  # (B, T)
+    same_shape(logprobs=logprobs, selected=selected)
     adv = zero_outside(_per_token(advantages, logprobs), mask)  # (B, T)
     log_ratio = zero_outside(logprobs - old_logprobs, mask)  # (B, T)
     ratio = exp_linear_above(log_ratio, LOG_RATIO_LINEAR_ABOVE)  # (B, T)

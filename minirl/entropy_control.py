@@ -18,8 +18,10 @@ sign says which way the step pushes the entropy (``entropy.token_covariance``), 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
 from . import entropy, losses
@@ -108,7 +110,8 @@ def policy_objective(logprobs: Tensor, token_entropy: Tensor, old_logprobs: Tens
         loss, stats = losses.policy_loss(logprobs, old_logprobs, micro.advantages, mask, **cfg.policy_loss_kwargs(),
                                          denominator=denominator, is_weights=is_weights)
     else:
-        loss, stats = cov_loss(logprobs, old_logprobs, micro.advantages, mask, cfg, denominator=denominator)
+        loss, stats = cov_loss(logprobs, old_logprobs, micro.advantages, mask, cfg, denominator=denominator,
+                               selected=getattr(micro, "cov_selected", None))
     n = mask.gt(0).sum().clamp(min=1)
     stats["covariance"] = float(entropy.token_covariance(logprobs, micro.advantages, mask).sum() / n)
     if needs_entropy_grad(cfg):
@@ -120,18 +123,54 @@ def policy_objective(logprobs: Tensor, token_entropy: Tensor, old_logprobs: Tens
     return loss, stats
 
 
+def with_cov_selection(minibatch, cfg, forward: Callable):
+    """The optimiser minibatch with Clip-Cov's or KL-Cov's tokens chosen over all of it (``cov_selected``).
+
+    Both select over a batch: the covariance is centred on its means, and the share kept is a share of its tokens.
+    Chosen per micro-batch, micro_batch_size 1 kept one token per row and Clip-Cov none at all (inside one row A is
+    constant, so every covariance is 0): the micro-batch size changed the update (verl PR #7830, the same bug). With
+    micro-batches, the policy's log-probs of every row are taken first without gradient (one forward more per
+    minibatch), the selection made on them, and each micro-batch's loss reads its rows of it. With one micro-batch
+    nothing is added: ``cov_loss`` selects over it, the same tokens, from the training forward's own log-probs.
+
+    Args:
+        minibatch: ``rl.RLBatch``; cfg: reads cov_mode, micro_batch_size and the selection's settings.
+        forward: ``forward(micro) -> (b, T)`` the current policy's log-probs of a micro-batch, as the update's
+            training forward computes them (``rl.current_logprobs``).
+
+    Returns:
+        The minibatch, with ``cov_selected`` (B, T) bool when micro-batches are used, unchanged otherwise.
+
+    Source: Cui et al. 2025, arXiv 2505.22617 (the sets I_clip and I_KL, over a batch); verl PR #7830.
+    """
+    if cfg.cov_mode == "none" or not cfg.micro_batch_size or cfg.micro_batch_size >= len(minibatch):
+        return minibatch
+    with torch.no_grad():
+        logprobs = torch.cat([forward(micro) for micro in minibatch.split(cfg.micro_batch_size)])  # (B, T)
+    old = logprobs if minibatch.old_logprobs is None else minibatch.old_logprobs  # "current": pi_old is pi
+    if cfg.cov_mode == "clip_cov":
+        selected = entropy.clip_cov_mask(logprobs, old, minibatch.advantages, minibatch.loss_mask,
+                                         fraction=cfg.cov_fraction, cov_low=cfg.clip_cov_low,
+                                         cov_high=cfg.clip_cov_high, eps_low=cfg.eps_low, eps_high=cfg.eps_high)
+    else:
+        selected = entropy.kl_cov_mask(logprobs, minibatch.advantages, minibatch.loss_mask, fraction=cfg.cov_fraction)
+    return replace(minibatch, cov_selected=selected)
+
+
 def cov_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, cfg, *,
-             denominator: float) -> tuple[Tensor, dict]:
+             denominator: float, selected: Tensor | None = None) -> tuple[Tensor, dict]:
     """Clip-Cov's or KL-Cov's per-token loss (``entropy.clip_cov_token_loss`` / ``kl_cov_token_loss``), aggregated
-    by ``cfg.agg`` over the minibatch's ``denominator``; stats add approx_kl (k3, as ``losses.policy_loss``)."""
+    by ``cfg.agg`` over the minibatch's ``denominator``; stats add approx_kl (k3, as ``losses.policy_loss``).
+    ``selected``: the tokens chosen over the whole minibatch (``with_cov_selection``), or None to choose here."""
     if cfg.cov_mode == "clip_cov":
         per_token, stats = entropy.clip_cov_token_loss(logprobs, old_logprobs, advantages, mask,
                                                        fraction=cfg.cov_fraction, cov_low=cfg.clip_cov_low,
                                                        cov_high=cfg.clip_cov_high, eps_low=cfg.eps_low,
-                                                       eps_high=cfg.eps_high)
+                                                       eps_high=cfg.eps_high, selected=selected)
     else:
         per_token, stats = entropy.kl_cov_token_loss(logprobs, old_logprobs, advantages, mask,
-                                                     fraction=cfg.cov_fraction, kl_coef=cfg.kl_cov_coef)
+                                                     fraction=cfg.cov_fraction, kl_coef=cfg.kl_cov_coef,
+                                                     selected=selected)
     loss = losses.aggregate(per_token, mask, cfg.agg, max_tokens=cfg.max_new_tokens, denominator=denominator)
     log_ratio = zero_outside(logprobs.detach() - old_logprobs, mask)  # (b, T)
     k3 = k3_of_log_ratio(log_ratio, LOG_RATIO_LINEAR_ABOVE)  # exact near r = 1

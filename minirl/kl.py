@@ -250,3 +250,22 @@ def exact_token_kl(logits: Tensor, ref_logits: Tensor, *, temperature: float = 1
     # xlogy-style guard: where pi(v) underflows to 0 the term is 0, even if ref(v) is 0 too
     terms = torch.where(logp > -torch.inf, logp.exp() * (logp - ref_logp), torch.zeros_like(logp))
     return terms.sum(-1).clamp(min=0.0)  # (B, T); clamp only removes float round-off below 0
+
+
+def adaptive_kl_beta(beta: float, observed_kl: float, *, target_kl: float, horizon: int, n_samples: int) -> float:
+    """One update of PPO's adaptive KL controller: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon.
+
+    Example: beta 0.1, observed KL 0.075 nats against a target of 0.05, 64 samples, horizon 1000: the error
+    0.5 clips to 0.2, so beta becomes 0.1 * (1 + 0.2 * 64 / 1000) = 0.10128.
+
+    Args:
+        beta: the current coefficient; observed_kl: the batch's KL to the reference (nats per sequence);
+        target_kl: the KL aimed at (> 0); horizon: samples over which beta may move by e^0.2; n_samples: this batch's.
+
+    Returns:
+        The next beta (a float).
+
+    Source: Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences"), section 2.2, eq. 2.
+    """
+    error = max(-0.2, min(0.2, observed_kl / target_kl - 1))
+    return beta * (1 + error * n_samples / horizon)

@@ -146,7 +146,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                 old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,
                 cap_low=cfg.is_cap_low, form=cfg.is_seq_form).items()})
         if cfg.adaptive_kl and kl_tokens is not None:
-            beta = adaptive_kl_beta(beta, row["kl_ref_seq"], target_kl=cfg.target_kl, horizon=cfg.kl_horizon,
+            beta = kl.adaptive_kl_beta(beta, row["kl_ref_seq"], target_kl=cfg.target_kl, horizon=cfg.kl_horizon,
                                     n_samples=len(rl_batch))
         row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn,
                                 reward_kwargs={"trainer_state": reward_kwargs["trainer_state"]}))
@@ -205,8 +205,7 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
 
     Each reward function receives prompts, completions, completion_ids, the dataset's other columns and
     ``reward_kwargs`` (``rewards.score_completions``). Scores are NaN on unscored rows (None from every
-    function); they count as no signal for dynamic sampling (``group_filter.has_signal``). The rollout's
-    ``logprobs``
+    function); they count as no signal for dynamic sampling (``group_filter.has_signal``). The rollout's ``logprobs``
     are the sampler's; pi_old is recomputed on the final batch by ``behaviour_logprobs``. ``min_new_tokens`` is
     for timing fixed work only (``bench``): it forbids EOS, so training on such a rollout would be wrong.
 
@@ -423,6 +422,7 @@ class RLBatch:
     routes: Routes | None = None  # recorded MoE routing of pi_old's forward (routing replay)
     sampler_logprobs: Tensor | None = None  # (B, T) the sampler's own, for an importance correction
     kept: Tensor | None = None  # (B, T, V) bool, a top-k / top-p sampler's kept sets
+    cov_selected: Tensor | None = None  # (B, T) bool, Clip-Cov's / KL-Cov's tokens, chosen over the whole minibatch
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -466,6 +466,7 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
         aux_loss (with the load-balancing loss on), entropy (nats per token, at the sampling temperature) and
         grad_norm (before clipping).
     """
+    minibatch = entropy_control.with_cov_selection(minibatch, cfg, lambda m: current_logprobs(model, m, cfg))
     denominator = loss_denominator(minibatch.loss_mask, cfg)
     n_tokens = float(minibatch.loss_mask.sum().clamp(min=1))  # the value loss is a token mean
     optimizer.zero_grad(set_to_none=True)
@@ -525,6 +526,13 @@ def policy_logprobs(model, micro: RLBatch, cfg: RLConfig) -> tuple[Tensor, Tenso
                                   entropy_grad=entropy_control.needs_entropy_grad(cfg))
 
 
+def current_logprobs(model, micro: RLBatch, cfg: RLConfig) -> Tensor:
+    """(b, T) the policy's log-probs as the update's training forward computes them (train mode, autocast, the
+    recorded routes), for a selection made before the update (``entropy_control.with_cov_selection``)."""
+    with precision.train_mode(model), replaying(model, micro.routes), precision.autocast(model, cfg.precision):
+        return policy_logprobs(model, micro, cfg)[0]
+
+
 def replaying(model, routes: Routes | None):
     """``moe.replay_routing`` of the recorded routes (routing replay), or a block that does nothing without any.
     Held around forward AND backward: gradient checkpointing recomputes the layers inside the backward, and a
@@ -582,11 +590,3 @@ def step_metrics(step: int, stats: list[dict], *, scores: Tensor, total_rewards:
         row["explained_variance"] = adv.explained_variance(old_values, returns, mask)
     return row
 
-
-def adaptive_kl_beta(beta: float, observed_kl: float, *, target_kl: float, horizon: int, n_samples: int) -> float:
-    """One update of PPO's adaptive KL controller: beta *= 1 + clip(KL / target - 1, -0.2, 0.2) * n / horizon.
-
-    Source: Ziegler et al. 2019 ("Fine-Tuning Language Models from Human Preferences"), section 2.2, eq. 2.
-    """
-    error = max(-0.2, min(0.2, observed_kl / target_kl - 1))
-    return beta * (1 + error * n_samples / horizon)

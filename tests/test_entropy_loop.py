@@ -4,6 +4,7 @@ with every switch off the objective is exactly losses.policy_loss, and each swit
 loop's update the way its equation says (hand values, and exact gradients on small categoricals)."""
 
 import math
+from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
 
@@ -199,6 +200,47 @@ def test_the_loops_top_entropy_switch_and_clip_cov_change_the_update(tiny_update
     g_all, _ = _update_grad(model, batch, top_entropy_quantile=1.0, log_covariance=True)
     torch.testing.assert_close(g_all, g0, atol=0, rtol=0)  # logging the covariance changes nothing
     assert (g_top - g0).abs().max() > 1e-4 and "covariance" in out
+
+
+# paper-index: entropy_control.with_cov_selection
+def test_kl_cov_chooses_its_tokens_over_the_minibatch_not_per_micro_batch():
+    """Issue 47 item 1 (verl PR #7830): 4 rows x 2 tokens, cov_fraction 0.25, micro_batch_size 1. Over the minibatch:
+    mean log pi = (0 - 1 - 1 - 2.5 - 1 - 1 - 2.5 + 0) / 8 = -1.125, mean A = 0, Cov_t = (log pi_t + 1.125) A_t =
+    row 0 [1.125, 0.125], row 1 [-0.125, 1.375], row 2 [0.125, 0.125], row 3 [1.375, -1.125]: the top 2 are (1, 1)
+    and (3, 0). Chosen per one-row micro-batch, A is constant inside the row, every covariance is 0, and topk took
+    one token per row (4 of 8)."""
+    lp = torch.tensor([[0.0, -1.0], [-1.0, -2.5], [-1.0, -1.0], [-2.5, 0.0]])
+    rows = torch.arange(4)[:, None]  # the forward below reads each row's index from its input ids
+    batch = rl.RLBatch(input_ids=rows, attention_mask=torch.ones(4, 1), n_prompt_tokens=1,
+                       completion_mask=torch.ones(4, 2), loss_mask=torch.ones(4, 2), old_logprobs=lp.clone(),
+                       advantages=torch.tensor([1.0, -1, 1, -1]))
+    cfg = config.make_config("grpo", cov_mode="kl_cov", cov_fraction=0.25, micro_batch_size=1)
+    chosen = entropy_control.with_cov_selection(batch, cfg, lambda micro: lp[micro.input_ids[:, 0]])
+    assert chosen.cov_selected.tolist() == [[False, False], [False, True], [False, False], [True, False]]
+    assert [entropy.kl_cov_mask(lp[i:i + 1], batch.advantages[i:i + 1], torch.ones(1, 2), fraction=0.25).sum().item()
+            for i in range(4)] == [1, 1, 1, 1]  # what one-row micro-batches chose alone: a token in every row
+    whole = config.make_config("grpo", cov_mode="kl_cov", cov_fraction=0.25)  # one micro-batch: nothing added
+    assert entropy_control.with_cov_selection(batch, whole, None).cov_selected is None
+
+
+@pytest.mark.parametrize("cov_mode", ["kl_cov", "clip_cov"])
+def test_the_micro_batch_size_changes_nothing_under_clip_cov_and_kl_cov(tiny_update, cov_mode):
+    """The update's promise (``rl.update_minibatch``): micro-batches of 1 row give the gradient of the whole
+    minibatch at once. Before the fix, KL-Cov penalised one token per row instead of the minibatch's top share, and
+    Clip-Cov with one-row micro-batches stopped nothing (every covariance 0 inside a row)."""
+    model, batch = tiny_update
+    shift = 0.2 * (torch.arange(batch.old_logprobs.numel()).view_as(batch.old_logprobs) % 3 - 1)  # pi_old != pi
+    batch = replace(batch, old_logprobs=batch.old_logprobs + shift)
+    switches = dict(cov_mode=cov_mode, cov_fraction=0.25, clip_cov_low=0.0, clip_cov_high=5.0)
+    grads, outs = {}, {}
+    for micro in (None, 1):
+        torch.manual_seed(0)  # Clip-Cov draws its tokens at random among the candidates
+        grads[micro], outs[micro] = _update_grad(model, batch, micro_batch_size=micro, **switches)
+    torch.manual_seed(0)
+    g_none, _ = _update_grad(model, batch, micro_batch_size=1, cov_fraction=0.25)  # cov_mode none
+    frac = "kl_cov_frac" if cov_mode == "kl_cov" else "clip_cov_frac"
+    assert outs[None][frac] > 0 and (grads[None] - g_none).abs().max() > 1e-4  # the selection acts
+    torch.testing.assert_close(grads[1], grads[None], atol=1e-6, rtol=1e-5)
 
 
 # --- config, pass@k, engines ----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import tiny_model
 
-from minirl import advantages, config, decoding, losses, models, moe, rl, rollout, tasks, warm_start
+from minirl import advantages, config, decoding, kl, losses, models, moe, rl, rollout, tasks, warm_start
 from minirl.tokenizer import build_tokenizer
 
 TIMING = {"time", "time_generate", "time_optimise"}
@@ -292,7 +292,7 @@ def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tin
 
 
 # ------------------------------------------------------------------------------------------------------ adaptive KL
-# paper-index: rl.adaptive_kl_beta
+# paper-index: kl.adaptive_kl_beta
 @pytest.mark.parametrize("observed, expected", [
     (0.10, 0.1 * (1 + 0.2 * 64 / 1000)),   # KL twice the target: error 1 clipped to +0.2 -> 0.10128
     (0.055, 0.1 * (1 + 0.1 * 64 / 1000)),  # 10% over: error 0.1 -> 0.10064
@@ -300,7 +300,7 @@ def test_gradient_accumulation_matches_one_batch_for_every_aggregation(tiny, tin
     (0.0, 0.1 * (1 - 0.2 * 64 / 1000)),    # no KL at all: error -1 clipped to -0.2 -> 0.09872
 ])
 def test_adaptive_kl_controller_arithmetic(observed, expected):
-    beta = rl.adaptive_kl_beta(0.1, observed, target_kl=0.05, horizon=1000, n_samples=64)
+    beta = kl.adaptive_kl_beta(0.1, observed, target_kl=0.05, horizon=1000, n_samples=64)
     assert math.isclose(beta, expected, rel_tol=1e-12)
 
 
