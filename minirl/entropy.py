@@ -12,6 +12,9 @@ The controls, one function each (a loss function returns per-token terms; ``loss
   lose their gradient. KL-Cov (``kl_cov_mask``, ``kl_cov_token_loss``): the top few by covariance get a KL penalty.
   Both follow verl 0.9.1's ``compute_policy_loss_clip_cov`` / ``compute_policy_loss_kl_cov`` in every detail
   (which tokens are candidates, how many are picked, strict bounds), and the tests run verl's own functions.
+  Both choose over the batch they are given (the covariance is centred on its means, the share is of its tokens),
+  so give them the whole optimiser minibatch: under gradient accumulation, select once over it and pass each
+  micro-batch its rows as ``selected=`` (``entropy_control.with_cov_selection``; verl PR #7830 fixes the same).
 - An entropy bonus (``entropy_bonus``) and Skywork-OR1's adaptive coefficient toward a target entropy
   (``adaptive_entropy_coef``, ``entropy_coef_in_use``), as TRL 1.16's ``entropy_coef`` / ``use_adaptive_entropy``.
 - Training only on the high-entropy "forking" tokens (``top_entropy_mask``, TRL's ``top_entropy_quantile``).

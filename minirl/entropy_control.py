@@ -130,8 +130,11 @@ def with_cov_selection(minibatch, cfg, forward: Callable):
     Chosen per micro-batch, micro_batch_size 1 kept one token per row and Clip-Cov none at all (inside one row A is
     constant, so every covariance is 0): the micro-batch size changed the update (verl PR #7830, the same bug). With
     micro-batches, the policy's log-probs of every row are taken first without gradient (one forward more per
-    minibatch), the selection made on them, and each micro-batch's loss reads its rows of it. With one micro-batch
+    minibatch, with no activations kept: about a third of a training forward-and-backward, and only when cov_mode
+    is on), the selection made on them, and each micro-batch's loss reads its rows of it. With one micro-batch
     nothing is added: ``cov_loss`` selects over it, the same tokens, from the training forward's own log-probs.
+    They are the training forward's log-probs exactly only while the forward draws no random numbers (dropout 0,
+    as every model here; verl also restores the RNG state after its extra forward).
 
     Args:
         minibatch: ``rl.RLBatch``; cfg: reads cov_mode, micro_batch_size and the selection's settings.

@@ -202,6 +202,34 @@ def test_the_loops_top_entropy_switch_and_clip_cov_change_the_update(tiny_update
     assert (g_top - g0).abs().max() > 1e-4 and "covariance" in out
 
 
+TOP_TWO = [[False, False], [False, True], [False, False], [True, False]]  # (1, 1) and (3, 0): Cov 1.375 each
+
+
+def _four_by_two(old_shift=0.0):
+    """Issue 47's minibatch: 4 rows x 2 tokens, log pi (float64), A = [1, -1, 1, -1]; pi_old = pi - old_shift. The
+    row index is the input id, so a stand-in forward ``lp[micro.input_ids[:, 0]]`` returns a micro-batch's rows."""
+    lp = torch.tensor([[0.0, -1.0], [-1.0, -2.5], [-1.0, -1.0], [-2.5, 0.0]], dtype=torch.float64)
+    batch = rl.RLBatch(input_ids=torch.arange(4)[:, None], attention_mask=torch.ones(4, 1), n_prompt_tokens=1,
+                       completion_mask=torch.ones(4, 2), loss_mask=torch.ones(4, 2), old_logprobs=lp - old_shift,
+                       advantages=torch.tensor([1.0, -1, 1, -1], dtype=torch.float64))
+    return lp, batch
+
+
+def _grad_by_micro_batch(lp, batch, cfg, *, selection: bool):
+    """d loss / d log pi (4, 2) of ``cov_loss`` summed over one-row micro-batches, each reading its row of the
+    minibatch's selection (selection=True), or choosing its own tokens (False, the old per-micro-batch way)."""
+    chosen = entropy_control.with_cov_selection(batch, cfg, lambda micro: lp[micro.input_ids[:, 0]])
+    logprobs = lp.clone().requires_grad_(True)  # (4, 2)
+    denominator = rl.loss_denominator(batch.loss_mask, cfg)  # the whole minibatch's count
+    for i in range(len(batch)):
+        micro = chosen[torch.tensor([i])]
+        loss, _ = entropy_control.cov_loss(logprobs[i:i + 1], micro.old_logprobs, micro.advantages, micro.loss_mask,
+                                           cfg, denominator=denominator,
+                                           selected=micro.cov_selected if selection else None)
+        loss.backward()
+    return logprobs.grad, chosen.cov_selected
+
+
 # paper-index: entropy_control.with_cov_selection
 def test_kl_cov_chooses_its_tokens_over_the_minibatch_not_per_micro_batch():
     """Issue 47 item 1 (verl PR #7830): 4 rows x 2 tokens, cov_fraction 0.25, micro_batch_size 1. Over the minibatch:
@@ -209,18 +237,47 @@ def test_kl_cov_chooses_its_tokens_over_the_minibatch_not_per_micro_batch():
     row 0 [1.125, 0.125], row 1 [-0.125, 1.375], row 2 [0.125, 0.125], row 3 [1.375, -1.125]: the top 2 are (1, 1)
     and (3, 0). Chosen per one-row micro-batch, A is constant inside the row, every covariance is 0, and topk took
     one token per row (4 of 8)."""
-    lp = torch.tensor([[0.0, -1.0], [-1.0, -2.5], [-1.0, -1.0], [-2.5, 0.0]])
-    rows = torch.arange(4)[:, None]  # the forward below reads each row's index from its input ids
-    batch = rl.RLBatch(input_ids=rows, attention_mask=torch.ones(4, 1), n_prompt_tokens=1,
-                       completion_mask=torch.ones(4, 2), loss_mask=torch.ones(4, 2), old_logprobs=lp.clone(),
-                       advantages=torch.tensor([1.0, -1, 1, -1]))
+    lp, batch = _four_by_two()
     cfg = config.make_config("grpo", cov_mode="kl_cov", cov_fraction=0.25, micro_batch_size=1)
     chosen = entropy_control.with_cov_selection(batch, cfg, lambda micro: lp[micro.input_ids[:, 0]])
-    assert chosen.cov_selected.tolist() == [[False, False], [False, True], [False, False], [True, False]]
+    assert chosen.cov_selected.tolist() == TOP_TWO
     assert [entropy.kl_cov_mask(lp[i:i + 1], batch.advantages[i:i + 1], torch.ones(1, 2), fraction=0.25).sum().item()
             for i in range(4)] == [1, 1, 1, 1]  # what one-row micro-batches chose alone: a token in every row
     whole = config.make_config("grpo", cov_mode="kl_cov", cov_fraction=0.25)  # one micro-batch: nothing added
     assert entropy_control.with_cov_selection(batch, whole, None).cov_selected is None
+
+
+def test_kl_cov_one_row_micro_batches_penalise_the_minibatchs_top_tokens_by_hand():
+    """The gradient, by hand: log r = 0.1 on every token, token-mean over N = 8, kl_coef 1: d loss / d log pi =
+    (-A e^0.1 + sign(log r) * [selected]) / 8, so a penalised token's gradient is 1/8 = 0.125 above the unpenalised
+    one. One-row micro-batches reading the minibatch's selection give exactly that on (1, 1) and (3, 0); choosing per
+    row penalised one token in every row, 0.125 off on at least 2 tokens (the rows without a top token)."""
+    lp, batch = _four_by_two(old_shift=0.1)
+    cfg = config.make_config("grpo", cov_mode="kl_cov", cov_fraction=0.25, micro_batch_size=1)
+    grad, selected = _grad_by_micro_batch(lp, batch, cfg, selection=True)
+    assert selected.tolist() == TOP_TWO
+    expected = (-batch.advantages[:, None] * math.exp(0.1) + selected.double()) / 8  # (4, 2)
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-12)
+    per_row, _ = _grad_by_micro_batch(lp, batch, cfg, selection=False)
+    gap = (per_row - grad).abs()  # (4, 2): 0.125 where the per-row choice differs from the minibatch's
+    assert ((gap - 0.125).abs() < 1e-12).sum() >= 2 and bool(((gap < 1e-12) | ((gap - 0.125).abs() < 1e-12)).all())
+
+
+def test_clip_cov_one_row_micro_batches_stop_the_tokens_the_minibatchs_covariance_picks():
+    """Clip-Cov on the same minibatch, on-policy (r = 1, PPO's clip holds nothing), band (1.2, 5): the candidates are
+    exactly (1, 1) and (3, 0) (Cov 1.375; (0, 0)'s 1.125 is below the band), and floor(0.25 * 8) = 2 draws take both,
+    whatever the draw. Their gradient is 0; every other token's is -A / 8. Chosen per one-row micro-batch, A is
+    constant in the row, every covariance 0, no candidate: nothing was stopped and the update was plain PPO's."""
+    lp, batch = _four_by_two()
+    cfg = config.make_config("grpo", cov_mode="clip_cov", cov_fraction=0.25, clip_cov_low=1.2, clip_cov_high=5.0,
+                             micro_batch_size=1)
+    assert [int(entropy.clip_cov_mask(lp[i:i + 1], lp[i:i + 1], batch.advantages[i:i + 1], torch.ones(1, 2),
+                                      fraction=0.25, cov_low=1.2).sum()) for i in range(4)] == [0, 0, 0, 0]
+    grad, selected = _grad_by_micro_batch(lp, batch, cfg, selection=True)
+    assert selected.tolist() == TOP_TWO
+    torch.testing.assert_close(grad, -batch.advantages[:, None] / 8 * (~selected), rtol=0, atol=1e-12)
+    per_row, _ = _grad_by_micro_batch(lp, batch, cfg, selection=False)
+    torch.testing.assert_close(per_row, -batch.advantages[:, None].expand(4, 2) / 8, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("cov_mode", ["kl_cov", "clip_cov"])
