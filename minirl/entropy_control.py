@@ -216,9 +216,11 @@ def check_config(cfg) -> None:
         raise ValueError(f"clip_cov_low must be below clip_cov_high, got {cfg.clip_cov_low}, {cfg.clip_cov_high}")
     token_clip = cfg.level == "token" and cfg.loss_mode == "clip"
     if cfg.cov_mode != "none" and not (token_clip and cfg.dual_clip is None and cfg.is_correction == "none"
-                                        and cfg.top_entropy_quantile == 1):
+                                        and cfg.top_entropy_quantile == 1 and cfg.off_policy_mask_threshold is None):
+        # its loss takes no per-token weights: a sampler correction or a sequence mask would be dropped silently
         raise ValueError(f"cov_mode={cfg.cov_mode!r} replaces PPO's token clip: it needs level='token', "
-                         "loss_mode='clip', dual_clip=None, is_correction='none' and top_entropy_quantile=1")
+                         "loss_mode='clip', dual_clip=None, is_correction='none', top_entropy_quantile=1 and "
+                         "off_policy_mask_threshold=None")
     if cfg.top_entropy_quantile < 1 and losses.one_term_per_sequence(level=cfg.level, loss_mode=cfg.loss_mode):
         raise ValueError("top_entropy_quantile < 1 masks tokens; level='sequence' and loss_mode='gmpo' have one term "
                          "per sequence")

@@ -306,6 +306,7 @@ def test_the_micro_batch_size_changes_nothing_under_clip_cov_and_kl_cov(tiny_upd
     (dict(cov_mode="clipcov"), "cov_mode"), (dict(cov_fraction=0.0), "cov_fraction"),
     (dict(clip_cov_low=5.0, clip_cov_high=1.0), "clip_cov_low"), (dict(entropy_coef=float("nan")), "entropy_coef"),
     (dict(cov_mode="kl_cov", loss_mode="cispo"), "cov_mode"), (dict(cov_mode="clip_cov", level="sequence"), "cov_mode"),
+    (dict(cov_mode="kl_cov", off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),  # was dropped silently
     (dict(top_entropy_quantile=0.5, level="sequence"), "top_entropy_quantile"),
     (dict(entropy_coef_min=0.5, entropy_coef_max=0.1), "entropy_coef_min"),
     (dict(eval_pass_at_k=(1, 4)), "eval_pass_at_k"), (dict(eval_pass_at_k=(0,), eval_samples_per_prompt=4), "eval_"),
