@@ -89,21 +89,24 @@ def k3_of_log_ratio(log_r: Tensor, cap: float = LOG_RATIO_LINEAR_ABOVE) -> Tenso
 
     Near r = 1, where k3 lives early in training and between a sampler and a trainer, exp(x) - 1 - x cancels
     catastrophically in float32: at x = 1e-4 the true x^2/2 = 5e-9 is below float32's step at 1 (1.2e-7), so the
-    result is 0 or a multiple of 6e-8; at 1e-3 it is 7% off. expm1(x) - x keeps x's relative precision but still
-    subtracts two numbers that agree in most digits (9% off at 1e-6, 1e-5 at 1e-2), so in float32 (and float16,
-    bfloat16) below |x| = 0.1 the series x^2/2 + x^3/6 + ... + x^6/720 is summed (the first term left out is x^5/2520
-    of the value: 4e-9 at 0.1, below float32's 1.2e-7). float64 keeps expm1(x) - x everywhere: its relative error,
-    about 2e-16 / |x|, is 2e-10 at 1e-6, finer than the series' 4e-9.
+    result is exp's round-off near 1, a few times the value (1.66e-8 here); at 1e-3 it is 5% off. expm1(x) - x keeps
+    x's relative precision but still subtracts two numbers that agree in most digits (9% off at 1e-6, 1e-5 at 1e-2),
+    so in float32 (and float16, bfloat16) below |x| = 0.1 the series x^2/2 + x^3/6 + ... + x^6/720 is summed (the
+    first term left out is x^5/2520 of the value: 4e-9 at 0.1, below float32's 1.2e-7). float64 keeps expm1(x) - x
+    everywhere: its relative error, about 2e-16 / |x|, is 2e-10 at 1e-6, finer than the series' 4e-9.
     Above ``cap`` exp is continued by its tangent as in ``exp_linear_above``: finite, >= 0, gradient of the exact
     sign.
 
-    Example: x = 1e-4 in float32: 5.000167e-9 (float64: 5.0001667e-9); exp(x) - 1 - x gives 0.0.
+    Example: x = 1e-4 in float32: 5.000167e-9 (float64: 5.0001664e-9); exp(x) - 1 - x gives 1.66e-8.
 
     Args:
         log_r: any shape, the log-ratio log r (nats).
 
     Returns:
         k3, the same shape (nats, >= 0).
+
+    Raises:
+        nothing: a shape-free elementwise map (its callers check their inputs).
 
     Source: Schulman 2020 ("Approximating KL Divergence", k3); rlhf-book PR #525 (expm1 in k3); the float32 checks
     against float64 are in tests/test_k3_float32.py.

@@ -1,11 +1,11 @@
 """k3 = r - 1 - log r in float32, near r = 1 (issue 47 item 7).
 
-The trainer computes log-probs in float32, and k3 lives near log r = 0: the KL to the reference early in training,
-PPO's approx_kl, the sampler-trainer mismatch, the staleness KL. There exp(x) - 1 - x cancels: at x = 1e-4 the true
-value x^2/2 = 5e-9 is below float32's step at 1 (2^-23 = 1.2e-7), so the old form returned 0 or a multiple of 6e-8,
-and at 1e-3 it was 5% off. Every k3 term is now ``checks.k3_of_log_ratio``. Each test feeds float32 log-probs whose
-difference is exact (two close float32 numbers subtract exactly, Sterbenz's lemma), so float64 arithmetic on the
-same inputs is the truth, and asks for float32's own precision: relative error below 1e-6.
+The trainer computes log-probs in float32, and k3 lives near log r = 0: the KL to the reference early in training, PPO's
+approx_kl, the sampler-trainer mismatch, the staleness KL. There exp(x) - 1 - x cancels: at x = 1e-4 the true value
+x^2/2 = 5e-9 is below float32's step at 1 (2^-23 = 1.2e-7), so the old form returned exp's round-off near 1 (up to 6e-8;
+1.7e-8 at 1e-4, 3x the truth), and at 1e-3 it was 5% off. Every k3 term is now ``checks.k3_of_log_ratio``. Each test
+feeds float32 log-probs whose difference is exact (two close float32 numbers subtract exactly, Sterbenz's lemma), so
+float64 arithmetic on the same inputs is the truth, and asks for float32's own precision: relative error below 1e-6.
 """
 
 import math
@@ -17,7 +17,7 @@ from minirl import checks, config, entropy_control, importance, kl, losses, stal
 
 F32, F64 = torch.float32, torch.float64
 GAPS = [1e-6, -1e-6, 3e-6, 1e-5, -1e-5, 1e-4, -1e-4, 3e-4, 1e-3, -1e-3]  # log r, nats
-RTOL = 1e-6  # float32's precision (the old form was 0.05 off at 1e-3, and 0 or several times the value below 1e-4)
+RTOL = 1e-6  # float32's precision (the old form was 0.05 off at 1e-3, and round-off several times the value below 1e-4)
 
 
 def truth(log_r: torch.Tensor) -> torch.Tensor:
@@ -39,7 +39,7 @@ def test_the_old_form_really_cancels_here():
     x = torch.tensor(GAPS, dtype=F32)
     old = torch.exp(x) - 1 - x
     rel = ((old.to(F64) - truth(x)).abs() / truth(x)).max()
-    assert rel > 0.04  # at 1e-3 alone it is 4.7e-2; below 1e-4 it is 0 or several times the truth
+    assert rel > 0.04  # at 1e-3 alone it is 4.7e-2; below 1e-4 it is round-off, several times the truth
 
 
 # paper-index: checks.k3_of_log_ratio
