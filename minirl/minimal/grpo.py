@@ -211,8 +211,8 @@ def seq_mean_token_mean(x_BT: torch.Tensor, mask_BT: torch.Tensor, n_seqs: int) 
 
 def k3(log_r_BT: torch.Tensor) -> torch.Tensor:
     """k3 = r - 1 - log r from x = log r (Schulman 2020): never negative, its mean over pi's samples is the KL.
-    In float32, exp(x) - 1 - x cancels near r = 1 (0 at x = 1e-4) and even expm1(x) - x loses digits, so small
-    |x| take the series x^2/2 + x^3/6 + ... + x^6/720 (as minirl's checks.k3_of_log_ratio)."""
+    In float32, exp(x) - 1 - x cancels near r = 1 (3x the true value at x = 1e-4) and even expm1(x) - x loses
+    digits, so small |x| take the series x^2/2 + x^3/6 + ... + x^6/720 (as minirl's checks.k3_of_log_ratio)."""
     x_BT = log_r_BT.clamp(-0.1, 0.1)  # the clamp keeps the unused branch's gradient finite
     series_BT = x_BT * x_BT * (1 / 2 + x_BT * (1 / 6 + x_BT * (1 / 24 + x_BT * (1 / 120 + x_BT / 720))))
     return torch.where(log_r_BT.abs() < 0.1, series_BT, torch.expm1(log_r_BT) - log_r_BT)
