@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import models, rl, tasks
+from . import models, rl, rl_update, tasks
 from .config import make_config, resolve_profile, set_seed
 from .tokenizer import build_tokenizer
 
@@ -84,7 +84,7 @@ def bench_model(model, tokenizer, data, cfg, *, repeats: int, device: str) -> di
                               ref_logprobs=ref_lp, routes=routes)
         forward_s, step_s = [], []
         t2 = time.perf_counter()
-        with _timed(rl, "policy_logprobs", forward_s, device), _timed(optimizer, "step", step_s, device):
+        with _timed(rl_update, "policy_logprobs", forward_s, device), _timed(optimizer, "step", step_s, device):
             for rows in rl.minibatches(len(rl_batch), cfg, gen):
                 rl.update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=cfg.beta)
         _sync(device)
