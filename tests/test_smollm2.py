@@ -12,7 +12,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from minirl import chat, config, decoding, gsm8k, models, rl, rollout, smollm2, word_problems

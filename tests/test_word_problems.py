@@ -1,6 +1,5 @@
 """The generated word problems (minirl/word_problems.py): exact answers, the difficulty dial, determinism."""
 
-import random
 import re
 
 import pytest
