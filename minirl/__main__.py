@@ -1,8 +1,9 @@
-"""Command line, three commands: ``python -m minirl train --algo grpo`` (the main job: warm start, evaluate, train
+"""Command line, four commands: ``python -m minirl train --algo grpo`` (the main job: warm start, evaluate, train
 with RL, evaluate again; with ``--model NAME|PATH``: train your own checkpoint on GSM8K-style math, ``model_job``),
-``python -m minirl bench`` (time one RL step; ``--vs-trl``: against TRL's GRPOTrainer) and
-``python -m minirl sweep SPEC`` (a grid of arms x seeds from a sweep spec, resumable). ``python -m minirl.interop``
-prints every preset's TRL and verl settings."""
+``python -m minirl bench`` (time one RL step; ``--vs-trl``: against TRL's GRPOTrainer; ``--smollm2``: the real
+model), ``python -m minirl sweep SPEC`` (a grid of arms x seeds from a sweep spec, resumable) and
+``python -m minirl fetch-smollm2`` (a real pretrained model, fetched and converted once: ``minirl.smollm2``).
+``python -m minirl.interop`` prints every preset's TRL and verl settings."""
 
 from __future__ import annotations
 

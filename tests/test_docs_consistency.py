@@ -51,7 +51,7 @@ def test_command_line_docstring_names_every_command(capsys):
     ``python -m minirl COMMAND``."""
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    commands = re.search(r"\{([a-z_,]+)\}", capsys.readouterr().out).group(1).split(",")
+    commands = re.search(r"\{([a-z0-9_,-]+)\}", capsys.readouterr().out).group(1).split(",")
     missing = [c for c in commands if f"python -m minirl {c}" not in cli.__doc__]
     assert len(commands) >= 3 and not missing, f"commands minirl/__main__.py's docstring does not name: {missing}"
 
