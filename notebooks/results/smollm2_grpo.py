@@ -85,13 +85,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=SETTINGS["steps"])
     parser.add_argument("--minimal", action="store_true", help="train with minirl/minimal/grpo.py instead")
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", default=str(OUT), help="folder for s<seed>.json (default notebooks/results/smollm2_grpo)")
     args = parser.parse_args()
     t0 = time.time()
     folder = smollm2.get()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.padding_side = "left"
-    model = models.load(str(folder), attn_implementation="sdpa")
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU check runs it too (.ci/gpu_check.sh)
+    model = models.load(str(folder), attn_implementation="sdpa").to(device)
     train, held = data(tokenizer)
     before = heldout(model, tokenizer, held, seed=args.seed)
     print("before", json.dumps({k: {m: v for m, v in d.items() if m != "example"} for k, d in before.items()}),
@@ -139,7 +140,8 @@ def train_minimal(model, tokenizer, train: datasets.Dataset, settings: dict, see
     minimal.reward = lambda completion, answer: gsm8k.answer_reward(None, [completion], [str(answer)])[0]
     args = minimal.Args(seed=seed, **{k: settings[k] for k in ("steps", "prompts_per_step", "group_size",
                                                                  "max_new_tokens", "temperature", "lr", "beta",
-                                                                 "num_minibatches")}, device="cpu")
+                                                                 "num_minibatches")},
+                        device=str(next(model.parameters()).device))
     rows = [{"prompt": tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True), "answer": a}
             for p, a in zip(train["prompt"], train["answer"], strict=True)]
     return minimal.train(args, model, tokenizer, rows)
