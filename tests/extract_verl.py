@@ -1,8 +1,10 @@
-"""Read verl 0.9.1's Clip-Cov / KL-Cov losses out of its wheel, for tests/test_entropy.py to run them beside minirl's.
+"""Read verl 0.9.1's Clip-Cov / KL-Cov and DPPO losses out of its wheel, for tests/test_entropy.py and
+tests/test_trust_region.py to run them beside minirl's.
 
 verl cannot be imported without its heavy dependencies (ray, omegaconf, its config classes); the functions the tests
 compare need only torch. ``extract`` takes them, unchanged, with ``ast`` from the wheel's sources
-(``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov`` and ``agg_loss`` from
+(``compute_policy_loss_clip_cov``, ``compute_policy_loss_kl_cov``, ``compute_policy_loss_dppo_tv``,
+``compute_policy_loss_dppo_kl`` and ``agg_loss`` from
 verl/trainer/ppo/core_algos.py; ``masked_sum`` and ``masked_mean`` from verl/utils/torch_functional.py; decorators
 left out), at test time: verl's code is read from the wheel the user fetched, never copied into this repository.
 ``.ci/run`` fetches the wheel into ``.cache/verl/`` (git-ignored); elsewhere the tests that need it skip, saying how:
@@ -20,7 +22,8 @@ from pathlib import Path
 WHEEL = Path(__file__).resolve().parent.parent / ".cache" / "verl" / "verl-0.9.1-py3-none-any.whl"
 FUNCTIONS = {
     "verl/utils/torch_functional.py": ("masked_sum", "masked_mean"),
-    "verl/trainer/ppo/core_algos.py": ("agg_loss", "compute_policy_loss_clip_cov", "compute_policy_loss_kl_cov"),
+    "verl/trainer/ppo/core_algos.py": ("agg_loss", "compute_policy_loss_clip_cov", "compute_policy_loss_kl_cov",
+                                       "compute_policy_loss_dppo_tv", "compute_policy_loss_dppo_kl"),
 }
 HEADER = "# verl 0.9.1's functions, read from {wheel} (sha256 {sha256}), unchanged but for the decorators.\n"
 
