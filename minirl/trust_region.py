@@ -10,8 +10,8 @@ distribution, {y_t, anything else}, with p = pi(y_t) and q = mu(y_t):
 A ratio bound treats a token at q = 0.001 and one at q = 0.9 alike; these bounds do not: the rare token may double
 (p - q = 0.001) while the likely one may not move by 0.2. A token whose divergence has passed delta on the side its
 advantage pushes (p up for A > 0, p down for A < 0) gets no gradient; every other token gets REINFORCE's, weighted
-by the detached ratio, capped at ``is_cap``. This is the first piece of issue 50; the loop's switch, the Kimi term
-and the rest follow.
+by the detached ratio, capped at ``is_cap``. Not yet a switch of the training loop (``RLConfig``): call
+``dppo_loss`` in place of ``losses.policy_loss`` in a loop of your own.
 """
 
 from __future__ import annotations
