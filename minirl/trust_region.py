@@ -1,4 +1,5 @@
-"""The trust region anchored on the sampler: DPPO's divergence masks (Qi et al. 2026).
+"""The trust region anchored on the sampler: DPPO's divergence masks (Qi et al. 2026) and Kimi K2.5's squared
+log-ratio to the sampler.
 
 PPO's clip bounds the ratio r = pi / mu of each sampled token. DPPO ("Rethinking the Trust Region in LLM RL", arXiv
 2602.04879) bounds a divergence between pi and mu instead, read on the sampled token as a two-outcome (binary)
@@ -11,7 +12,8 @@ A ratio bound treats a token at q = 0.001 and one at q = 0.9 alike; these bounds
 (p - q = 0.001) while the likely one may not move by 0.2. A token whose divergence has passed delta on the side its
 advantage pushes (p up for A > 0, p down for A < 0) gets no gradient; every other token gets REINFORCE's, weighted
 by the detached ratio, capped at ``is_cap``. Not yet a switch of the training loop (``RLConfig``): call
-``dppo_loss`` in place of ``losses.policy_loss`` in a loop of your own.
+``dppo_loss`` in place of ``losses.policy_loss``, or add ``sampler_log_ratio_penalty`` to it, in a loop of your
+own.
 """
 
 from __future__ import annotations
@@ -142,3 +144,29 @@ def dppo_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: 
     stats = {"dppo_masked_frac": float(((1 - keep) * mask).sum() / n),
              "capped_frac": float(((log_ratio > math.log(is_cap)).to(mask.dtype) * keep * mask).sum() / n)}
     return loss, stats
+
+
+def sampler_log_ratio_penalty(logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, tau: float = 1e-3) -> Tensor:
+    """Kimi K2.5's per-token penalty: tau (log pi(y_t) - log mu(y_t))^2, a k2 against the sampler mu, not the
+    reference. Added to the policy loss, it pulls each token's probability back towards the one the sampler drew it
+    with; its gradient is 2 tau log(pi / mu) d log pi (0 where pi = mu, so it does nothing on-policy).
+
+    Example: log pi = -1.0, log mu = -1.5, tau = 1e-3: 1e-3 * 0.25 = 2.5e-4; d / d log pi = 2e-3 * 0.5 = 1e-3.
+
+    Args:
+        logprobs: (B, T) with grad; sampler_logprobs: (B, T), detached here; mask: (B, T) the valid tokens.
+        tau: the coefficient (>= 0; prime-rl's default 1e-3).
+
+    Returns:
+        (B, T) per-token terms, 0 outside the mask (aggregate them as the policy loss is: ``aggregation.aggregate``).
+
+    Raises:
+        ValueError: for tau < 0.
+
+    Source: Kimi Team 2026 (Kimi K2.5, arXiv 2602.02276), the policy loss's squared log-ratio term; prime-rl's
+    ``kl_tau``.
+    """
+    if not tau >= 0:
+        raise ValueError(f"tau must be >= 0, got {tau}")
+    log_ratio = zero_outside(logprobs, mask) - zero_outside(sampler_logprobs.detach(), mask)
+    return tau * log_ratio**2

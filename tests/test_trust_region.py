@@ -177,3 +177,17 @@ def test_dppo_loss_and_gradient_match_verl_091(verl, divergence, agg, seed, delt
 
 def test_aggregation_is_the_librarys():
     assert trust_region.aggregate is aggregation.aggregate
+
+
+# paper-index: trust_region.sampler_log_ratio_penalty
+def test_the_kimi_term_and_its_gradient_by_hand():
+    # log pi = -1.0, log mu = -1.5, tau 1e-3: 1e-3 * 0.5^2 = 2.5e-4; gradient 2 * 1e-3 * 0.5 = 1e-3; on-policy 0 and 0
+    logprobs = torch.tensor([[-1.0, -2.0, -7.0]], dtype=torch.float64, requires_grad=True)
+    sampler = torch.tensor([[-1.5, -2.0, math.nan]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)  # the padding's NaN is never read
+    terms = trust_region.sampler_log_ratio_penalty(logprobs, sampler, mask, tau=1e-3)
+    terms.sum().backward()
+    assert terms.detach()[0].tolist() == pytest.approx([2.5e-4, 0.0, 0.0])
+    assert logprobs.grad[0].tolist() == pytest.approx([1e-3, 0.0, 0.0])
+    with pytest.raises(ValueError, match="tau"):
+        trust_region.sampler_log_ratio_penalty(logprobs, sampler, mask, tau=-1.0)
