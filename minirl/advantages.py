@@ -125,6 +125,43 @@ def rloo_advantages(rewards: Tensor, *, group_size: int) -> Tensor:
     return (centred.view(-1, group_size) * (n / (n - 1).clamp(min=1))).view(-1)
 
 
+def maxrl_advantages(rewards: Tensor, *, group_size: int) -> Tensor:
+    """MaxRL: each reward minus its group's mean, divided by that mean: A_i = (r_i - mean) / mean, for 0/1 rewards.
+
+    GRPO divides by the group's std; MaxRL divides by its success rate, so a prompt the model rarely solves weighs
+    about 1/p: the gradient of log p (maximum likelihood of success) instead of p. With G samples the estimator is
+    unbiased for a truncation of log p: by enumeration on the policy-gradient bandit (``pg_toy.estimator_moments``,
+    ``tests/test_maxrl.py``), E[g] = (1 - (1 - p)^(G-1)) / p * grad p = grad J_{G-1}(p) exactly, with
+    J_T(p) = -sum_{k=1..T} (1 - p)^k / k, the first T terms of log p = log(1 - (1 - p)). As G grows it tends to
+    grad log p. A group with no success has no estimate of 1/p and gets 0 (so does a group of all successes).
+
+    Example: rewards [1, 0, 0, 0], G = 4: mean 0.25; A = [0.75, -0.25, -0.25, -0.25] / 0.25 = [3, -1, -1, -1].
+    GRPO's std would give [1.4997, -0.4999, ...]: MaxRL weighs this hard prompt twice as much.
+
+    Args:
+        rewards: (B,) 0/1 rewards, laid out group by group.
+        group_size: G >= 2.
+
+    Returns:
+        (B,) advantages; they sum to 0 within each group.
+
+    Raises:
+        ValueError: if rewards is not 1-D, holds a value other than 0 or 1 (NaN included: MaxRL is defined for a
+            success/failure reward), group_size < 2, or B is not a multiple of group_size.
+
+    Source: Tajwar et al. 2026, "Maximum Likelihood Reinforcement Learning" (arXiv 2602.02710), the MaxRL
+    advantage; the truncation order G - 1 is this project's enumeration.
+    """
+    ndim("rewards", rewards, 1, "(B,)")
+    _groups(rewards, group_size, "MaxRL")
+    if not ((rewards == 0) | (rewards == 1)).all():
+        raise ValueError("MaxRL needs 0/1 rewards (success or failure), got "
+                         f"{rewards[~((rewards == 0) | (rewards == 1))][:3].tolist()}")
+    r = rewards.view(-1, group_size)  # (N, G)
+    mean = r.mean(dim=1, keepdim=True)  # (N, 1) the group's success rate
+    return torch.where(mean > 0, (r - mean) / mean.clamp(min=1 / group_size), 0.0).view(-1)
+
+
 def reinforce_pp_advantages(rewards: Tensor, *, eps: float = 1e-4) -> Tensor:
     """REINFORCE++: the rewards normalised over the whole batch (global advantage normalisation), no group.
 
