@@ -38,3 +38,24 @@ def extract(wheel: Path) -> str:
                 parts.append(f"# --- {path}: {name}\n{ast.get_source_segment(source, defs[name])}\n")
     return "\n\n".join(parts)
 
+
+
+def functions() -> dict:
+    """verl's functions (``FUNCTIONS``), read from the wheel and executed with torch and stand-ins for what they
+    import (its config classes, ``verl_F``); the test that asks is skipped, saying how, when the wheel is missing."""
+    from types import SimpleNamespace
+    from typing import Any, Optional
+
+    import pytest
+    import torch
+
+    if not WHEEL.exists():
+        pytest.skip(f"verl's wheel is not at {WHEEL}: pip download verl==0.9.1 --no-deps -d .cache/verl")
+
+    class AlgoConfig:  # only ever the target of verl's isinstance check
+        pass
+
+    namespace = {"torch": torch, "Any": Any, "Optional": Optional, "ActorConfig": object, "AlgoConfig": AlgoConfig}
+    exec(compile(extract(WHEEL), "verl 0.9.1", "exec"), namespace)
+    namespace["verl_F"] = SimpleNamespace(masked_sum=namespace["masked_sum"], masked_mean=namespace["masked_mean"])
+    return namespace

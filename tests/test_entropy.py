@@ -11,7 +11,6 @@ import math
 from fractions import Fraction
 from functools import partial
 from types import SimpleNamespace
-from typing import Any, Optional
 
 import pytest
 import torch
@@ -171,15 +170,7 @@ def verl():
     """verl 0.9.1's functions, read from its wheel (tests/extract_verl.py) and executed with torch and stand-ins."""
     import extract_verl
 
-    if not extract_verl.WHEEL.exists():
-        pytest.skip(f"verl's wheel is not at {extract_verl.WHEEL}: pip download verl==0.9.1 --no-deps -d .cache/verl")
-
-    class AlgoConfig:  # only ever the target of verl's isinstance check
-        pass
-
-    namespace = {"torch": torch, "Any": Any, "Optional": Optional, "ActorConfig": object, "AlgoConfig": AlgoConfig}
-    exec(compile(extract_verl.extract(extract_verl.WHEEL), "verl 0.9.1", "exec"), namespace)
-    namespace["verl_F"] = SimpleNamespace(masked_sum=namespace["masked_sum"], masked_mean=namespace["masked_mean"])
+    namespace = extract_verl.functions()
     return SimpleNamespace(clip_cov=namespace["compute_policy_loss_clip_cov"],
                            kl_cov=namespace["compute_policy_loss_kl_cov"], agg_loss=namespace["agg_loss"])
 

@@ -4,7 +4,6 @@ wheel (tests/extract_verl.py)."""
 
 import math
 from types import SimpleNamespace
-from typing import Any, Optional
 
 import pytest
 import torch
@@ -136,15 +135,7 @@ def test_bad_settings_are_refused_naming_them():
 def verl():
     import extract_verl
 
-    if not extract_verl.WHEEL.exists():
-        pytest.skip(f"verl's wheel is not at {extract_verl.WHEEL}: pip download verl==0.9.1 --no-deps -d .cache/verl")
-
-    class AlgoConfig:  # only ever the target of verl's isinstance check
-        pass
-
-    namespace = {"torch": torch, "Any": Any, "Optional": Optional, "ActorConfig": object, "AlgoConfig": AlgoConfig}
-    exec(compile(extract_verl.extract(extract_verl.WHEEL), "verl 0.9.1", "exec"), namespace)
-    namespace["verl_F"] = SimpleNamespace(masked_sum=namespace["masked_sum"], masked_mean=namespace["masked_mean"])
+    namespace = extract_verl.functions()
     return SimpleNamespace(tv=namespace["compute_policy_loss_dppo_tv"], kl=namespace["compute_policy_loss_dppo_kl"])
 
 
