@@ -438,10 +438,9 @@ def run_smollm2(*, batches=(1, 8, 32), threads=(1, 2), attentions=("eager", "sdp
         fixed work, warm-up and best of two as for minirl's loop),
         and per shape the steps' stages ``{"generation": [seconds, peak GB], ...}`` and the plan's GB per stage.
     """
-    import datasets
     from transformers import AutoConfig, AutoTokenizer
 
-    from . import chat, gsm8k, memory, smollm2, word_problems
+    from . import chat, memory, smollm2, word_problems
 
     folder = smollm2.path()
     if not smollm2.available():
@@ -476,7 +475,7 @@ def run_smollm2(*, batches=(1, 8, 32), threads=(1, 2), attentions=("eager", "sdp
             best = min(best, time.perf_counter() - t0)
     result["hf_generate_b8_tokens_per_s"] = round(8 * max_new_tokens / best, 1)
     rows = word_problems.make(8, seed=seed)
-    data = datasets.Dataset.from_dict(gsm8k.to_prompts({k: [r[k] for r in rows] for k in ("question", "answer")}))
+    data = word_problems.as_dataset(rows)
     qcfg = AutoConfig.from_pretrained(folder)
     del model
     _release_freed_memory()

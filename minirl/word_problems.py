@@ -63,3 +63,14 @@ def make(n: int, *, seed: int = 0, steps: int = 1, max_number: int = 20) -> list
     """``n`` problems (``problem``) from ``random.Random(seed)``: the same seed, the same rows."""
     rng = random.Random(seed)
     return [problem(rng, steps=steps, max_number=max_number) for _ in range(n)]
+
+
+def as_dataset(rows: list[dict], *, chat: bool = True):
+    """``rows`` (from ``make``) as RL prompts: a ``datasets.Dataset`` with ``prompt`` (a conversation, or plain text
+    with ``chat=False``), ``answer`` (the final number), ``question`` and ``solution`` (``gsm8k.to_prompts``)."""
+    import datasets
+
+    from .gsm8k import to_prompts
+
+    return datasets.Dataset.from_dict(to_prompts({k: [r[k] for r in rows] for k in ("question", "answer")},
+                                                 chat=chat))

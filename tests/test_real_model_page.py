@@ -1,5 +1,6 @@
-"""notebooks/real_model.md, "from the toy to a real model" (issue 36, item 6; issue 49 links lesson 13): its tables are the output of the
-command it names, every number of its prose comes from those commands, the README links it, the book includes it."""
+"""notebooks/real_model.md, "from the toy to a real model" (issue 36, item 6; it links lesson 13): its tables
+are the output of the command it names, every number of its prose comes from those commands, the README links it,
+the book includes it."""
 
 import contextlib
 import io

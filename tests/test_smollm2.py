@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from minirl import chat, config, decoding, gsm8k, models, rl, rollout, smollm2, word_problems
+from minirl import chat, config, decoding, models, rl, rollout, smollm2, word_problems
 
 PROMPTS = [chat.as_conversation("Mia has 4 bags with 6 marbles in each bag. How many marbles does she have?"),
            chat.as_conversation("Leo has 9 coins and finds 3 more. How many coins does Leo have now?")]
@@ -108,11 +108,10 @@ def test_generation_stops_at_im_end_though_it_is_also_the_pad(tok, policy):
 def test_one_grpo_step_moves_the_weights_and_stays_finite(folder, tok):
     model = models.load(str(folder), attn_implementation="sdpa")
     before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
-    import datasets
 
     rows = word_problems.make(4, seed=3)
 
-    data = datasets.Dataset.from_dict(gsm8k.to_prompts({k: [r[k] for r in rows] for k in ("question", "answer")}))
+    data = word_problems.as_dataset(rows)
     cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=4, max_new_tokens=24, lr=1e-5,
                              beta=0.0, num_minibatches=1, temperature=1.0, completion_only_head=True, progress=False)
     history = rl.train_rl(model, tok, cfg, data, reward_fn=lambda completions, **_: [float(len(c[0]["content"]) % 2)
@@ -125,11 +124,10 @@ def test_one_grpo_step_moves_the_weights_and_stays_finite(folder, tok):
 @pytest.mark.slow
 def test_one_lora_step_trains_the_adapter_only(folder, tok):
     pytest.importorskip("peft")
-    import datasets
 
     model = models.load(str(folder), attn_implementation="sdpa")
     rows = word_problems.make(2, seed=4)
-    data = datasets.Dataset.from_dict(gsm8k.to_prompts({k: [r[k] for r in rows] for k in ("question", "answer")}))
+    data = word_problems.as_dataset(rows)
     base = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = config.make_config("grpo", steps=1, prompts_per_step=2, group_size=2, max_new_tokens=16, lr=1e-4,
                              beta=0.04, num_minibatches=1, lora_rank=4, completion_only_head=True, progress=False)

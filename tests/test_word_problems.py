@@ -70,3 +70,11 @@ def test_bad_dial_settings_are_refused_naming_them():
         word_problems.make(1, steps=0)
     with pytest.raises(ValueError, match="max_number"):
         word_problems.make(1, max_number=1)
+
+
+def test_as_dataset_gives_rl_prompts_with_the_final_number():
+    rows = word_problems.make(3, seed=2)
+    data = word_problems.as_dataset(rows)
+    assert data["answer"] == [gsm8k.extract_answer(r["answer"]) for r in rows]
+    assert data["prompt"][0] == [{"role": "user", "content": rows[0]["question"]}]
+    assert word_problems.as_dataset(rows, chat=False)["prompt"][0] == rows[0]["question"]

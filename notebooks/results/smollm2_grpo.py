@@ -49,10 +49,7 @@ def data(tokenizer) -> tuple[datasets.Dataset, datasets.Dataset]:
     held = word_problems.make(HELDOUT["prompts"], seed=HELDOUT["seed"], **TASK)
     seen = {r["question"] for r in held}
     train = [r for r in word_problems.make(TRAIN_ROWS, seed=TRAIN_SEED, **TASK) if r["question"] not in seen]
-
-    def as_prompts(rows):
-        return datasets.Dataset.from_dict(gsm8k.to_prompts({k: [r[k] for r in rows] for k in ("question", "answer")}))
-    return as_prompts(train), as_prompts(held)
+    return word_problems.as_dataset(train), word_problems.as_dataset(held)
 
 
 @torch.no_grad()
@@ -85,7 +82,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=SETTINGS["steps"])
     parser.add_argument("--minimal", action="store_true", help="train with minirl/minimal/grpo.py instead")
-    parser.add_argument("--out", default=str(OUT), help="folder for s<seed>.json (default notebooks/results/smollm2_grpo)")
+    parser.add_argument("--out", default=str(OUT),
+                        help="folder for s<seed>.json (default notebooks/results/smollm2_grpo)")
     args = parser.parse_args()
     t0 = time.time()
     folder = smollm2.get()
