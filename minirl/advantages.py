@@ -1,5 +1,5 @@
-"""Advantages: group-relative (GRPO, Dr. GRPO), leave-one-out (RLOO), batch-normalised (REINFORCE++ and its
-group-baseline form), GAE with a critic (PPO), and masked whitening."""
+"""Advantages: group-relative (GRPO, Dr. GRPO), leave-one-out (RLOO), divided by the success rate (MaxRL),
+batch-normalised (REINFORCE++ and its group-baseline form), GAE with a critic (PPO), and masked whitening."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from .checks import choice, ndim, prefix_mask, same_shape, zero_outside
 
 SCALES = ("group", "batch", "none")
 #: The outcome-reward estimators besides ``group_advantages`` (RLConfig.advantage names them).
-ESTIMATORS = ("rloo", "reinforce_pp", "reinforce_pp_baseline")
+ESTIMATORS = ("rloo", "maxrl", "reinforce_pp", "reinforce_pp_baseline")
 
 
 def group_advantages(rewards: Tensor, group_size: int, *, scale: str = "group", eps: float = 1e-4) -> Tensor:

@@ -3,8 +3,9 @@
 What differs between the presets of ``ALGORITHMS`` is a handful of switches in ``RLConfig``, collected there so the
 differences can be read at a glance (``algorithms_table()`` prints them). The presets: PPO (``ppo``), GRPO
 (``grpo``), Dr. GRPO (``dr_grpo``), DAPO (``dapo``), GSPO (``gspo``), GSPO-token (``gspo_token``), CISPO
-(``cispo``), SAPO (``sapo``), GMPO (``gmpo``), RLOO (``rloo``), REINFORCE++ (``reinforce_pp``) and REINFORCE++ with
-baseline (``reinforce_pp_baseline``).
+(``cispo``), SAPO (``sapo``), GMPO (``gmpo``), RLOO (``rloo``), REINFORCE++ (``reinforce_pp``), REINFORCE++ with
+baseline (``reinforce_pp_baseline``), and GRPO without a reference (``grpo_no_ref``: beta 0, no reference model held
+in memory, as GLM-5 and Kimi K3 report training).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from .precision import PRECISIONS
 #: ``RLConfig.distill``: "none" (the RL loop), or the objective of ``distill_loop.train_distill``.
 DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
 #: RLConfig fields the distillation loop does not read: with ``distill`` set they must keep their defaults.
-DISTILL_UNREAD = ("precision", "gradient_checkpointing", "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
+DISTILL_UNREAD = ("dppo_cap", "sampler_kl_tau", "ref_reset_every", "precision", "gradient_checkpointing",
+                  "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
                   "pi_old", "is_correction", "routing_replay", "overlong_shaping", "overlong_filter",
                   "router_aux_loss_coef", "checkpoint_every", "kl_placement", "adaptive_kl", "top_k", "top_p",
                   "keep_sampling_mask", "sampler_sync_every", "off_policy_mask_threshold", "kl_ratio_weighted",
@@ -110,7 +112,8 @@ class RLConfig:
     micro_batch_size: int | None = None  # rows per forward/backward (gradient accumulation); None: the minibatch
     # --- advantages
     advantage: str = "group"  # "group" (GRPO family, scaled by adv_scale), "rloo" (leave-one-out), "reinforce_pp"
-    # (batch normalisation), "reinforce_pp_baseline" (group mean, then batch normalisation) or "gae" (PPO, critic)
+    # (batch normalisation), "reinforce_pp_baseline" (group mean, then batch normalisation), "maxrl" ((r - mean) /
+    # mean, 0/1 rewards: MaxRL, Tajwar et al. 2026) or "gae" (PPO, critic)
     adv_scale: str = "group"  # for advantage="group": "group" std, "batch" std, or "none" (Dr. GRPO); the other
     # outcome estimators carry their own scaling and need "none"
     adv_eps: float = 1e-4
@@ -129,6 +132,10 @@ class RLConfig:
     cispo_form: str = "two-sided"  # CISPO: clip(r, 1 - eps_low, 1 + eps_high), or "one-sided" min(r, 1 + eps_high)
     tau_pos: float = 1.0  # SAPO's gate temperature for A > 0
     tau_neg: float = 1.05  # SAPO's gate temperature for A <= 0
+    dppo_cap: float = 20.0  # DPPO (loss_mode "dppo_tv" / "dppo_kl", eps_low / eps_high its deltas): the cap C on the
+    # detached ratio pi / pi_old (verl's clip_ratio_c; 20, the paper's advice of a large cap)
+    sampler_kl_tau: float = 0.0  # Kimi K2.5's tau (log pi - log mu)^2 per token against the SAMPLER mu (prime-rl's
+    # kl_tau, 1e-3), added to the policy loss and aggregated like it; 0: off
     # --- entropy controls (entropy_control.py; all off by default, TRL's / verl's names in interop/)
     entropy_coef: float = 0.0  # the bonus -coef * mean token entropy (TRL entropy_coef; the adaptive start value)
     adaptive_entropy: bool = False  # Skywork-OR1's controller toward entropy_target (TRL use_adaptive_entropy)
@@ -150,6 +157,8 @@ class RLConfig:
     adaptive_kl: bool = False  # PPO's adaptive controller (Ziegler et al. 2019) instead of a fixed beta
     target_kl: float = 0.05  # nats per sequence, for the adaptive controller
     kl_horizon: int = 1000  # samples, for the adaptive controller
+    ref_reset_every: int = 0  # copy the policy into the reference after every k-th step (TRL sync_ref_model with
+    # ref_model_mixup_alpha 1, ref_model_sync_steps k); 0: the reference stays the starting policy
     # --- distillation (distill_loop.py): a teacher grades the student's tokens; "none" is the RL loop itself
     distill: str = "none"  # DISTILL_OBJECTIVES: "reverse_kl" (the sampled per-token reward), "full_reverse_kl" (the
     # exact KL over the vocabulary at each visited position) or "sft" (the NLL of the teacher's samples)
@@ -227,6 +236,7 @@ class RLConfig:
         """Raise ValueError naming the field for any invalid setting; ``loop="rl"`` (``rl.train_rl``) also refuses a
         distillation objective, which only ``distill_loop.train_distill`` (with its teacher) runs."""
         choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
+        self.validate_trust_region()
         choice("adv_scale", self.adv_scale, advantages.SCALES)
         if self.advantage in advantages.ESTIMATORS and self.adv_scale != "none":
             raise ValueError(f"adv_scale={self.adv_scale!r} applies to advantage='group' only; "
@@ -311,6 +321,20 @@ class RLConfig:
             raise ValueError(f"overlong_cache_len must be in (0, max_new_tokens={self.max_new_tokens}], "
                              f"got {self.overlong_cache_len}")
 
+    def validate_trust_region(self) -> None:
+        """The rules of the 2026 trust-region switches: the Kimi term's tau, the reference reset (it needs a
+        reference to reset: beta > 0, and no LoRA, whose reference is the base model with the adapter off)."""
+        if not (math.isfinite(self.sampler_kl_tau) and self.sampler_kl_tau >= 0):
+            raise ValueError(f"sampler_kl_tau must be a finite number >= 0 (0: off), got {self.sampler_kl_tau}")
+        if isinstance(self.ref_reset_every, bool) or not isinstance(self.ref_reset_every, int) \
+                or self.ref_reset_every < 0:
+            raise ValueError(f"ref_reset_every must be an int >= 0 (0: never), got {self.ref_reset_every!r}")
+        if self.ref_reset_every and (self.beta == 0 or self.lora_rank):
+            raise ValueError(f"ref_reset_every={self.ref_reset_every} copies the policy into the reference: it needs "
+                             f"beta > 0 (with beta 0 no reference is held) and lora_rank 0 (under LoRA the reference "
+                             f"is the base with the adapter off, which a copy would overwrite); got beta={self.beta}, "
+                             f"lora_rank={self.lora_rank}")
+
     def validate_distill(self) -> None:
         """The distillation fields' rules (``distill_loop.train_distill``): one optimiser step per rollout, no
         reference KL, no task reward for SFT on the teacher's samples, and no distillation field set without
@@ -384,6 +408,10 @@ ALGORITHMS: dict[str, dict] = {
     # REINFORCE++ w/ baseline, Hu et al. 2025: group mean subtracted, then batch normalisation
     "reinforce_pp_baseline": dict(advantage="reinforce_pp_baseline", adv_scale="none", agg="token-mean",
                                   eps_low=0.2, eps_high=0.2, beta=0.0),
+    # GRPO without a reference, as GLM-5, Kimi K3 and TMax report training (2026): beta 0, so train_rl holds no
+    # reference model (no second copy of the weights in memory) and logs no kl_ref
+    "grpo_no_ref": dict(advantage="group", adv_scale="group", agg="seq-mean-token-mean", eps_low=0.2, eps_high=0.2,
+                        beta=0.0),
 }
 
 

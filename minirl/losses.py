@@ -4,7 +4,8 @@ inputs and calls the family a setting picks.
 
 Per-token terms are kept apart from their aggregation (``aggregation.aggregate``), because the aggregation is one of
 the things the algorithms disagree about (GRPO vs DAPO vs Dr. GRPO). The losses that keep the gradient PPO's clip
-removes (CISPO, SAPO, GMPO) are in ``clip_alternatives``.
+removes (CISPO, SAPO, GMPO) are in ``clip_alternatives``; DPPO's divergence masks, the trust region anchored on the
+sampler, in ``trust_region``.
 
 To copy one algorithm's loss into your own trainer, copy the family function ``policy_loss`` calls for it
 (token_clip_loss for PPO, GRPO, Dr. GRPO, DAPO, RLOO and REINFORCE++; gspo_loss, gspo_token_loss): its docstring's
@@ -19,10 +20,14 @@ from torch import Tensor
 from .aggregation import AGGREGATIONS, aggregate, ratio_stats, sequence_mean
 from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, k3_of_log_ratio, ndim, same_shape, zero_outside
 from .clip_alternatives import CISPO_FORMS, check_tau, cispo_loss, gmpo_loss, sapo_loss
+from .trust_region import dppo_loss
 
 LEVELS = ("token", "sequence", "sequence-token")
-#: The policy-loss families of ``policy_loss``: PPO's clipped surrogate (at ``level``), CISPO, SAPO and GMPO.
-LOSS_MODES = ("clip", "cispo", "sapo", "gmpo")
+#: The policy-loss families of ``policy_loss``: PPO's clipped surrogate (at ``level``), CISPO, SAPO, GMPO, and DPPO's
+#: binary-TV and binary-KL trust regions (eps_low / eps_high are then DPPO's deltas, as verl reads clip_ratio_low/high).
+LOSS_MODES = ("clip", "cispo", "sapo", "gmpo", "dppo_tv", "dppo_kl")
+#: The loss modes of DPPO (``trust_region.dppo_loss``) and the divergence each bounds.
+DPPO_MODES = {"dppo_tv": "tv", "dppo_kl": "kl"}
 
 
 def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps_high: float,
@@ -40,7 +45,8 @@ def _clipped_surrogate(ratio: Tensor, advantages: Tensor, *, eps_low: float, eps
 
 #: The settings that pick and shape the loss: ``RLConfig`` fields of the same names, forwarded by its
 #: ``policy_loss_kwargs``; a new loss mode adds its own here, in ``check_settings`` and in ``policy_loss``.
-SETTINGS = ("eps_low", "eps_high", "level", "agg", "dual_clip", "loss_mode", "cispo_form", "tau_pos", "tau_neg")
+SETTINGS = ("eps_low", "eps_high", "level", "agg", "dual_clip", "loss_mode", "cispo_form", "tau_pos", "tau_neg",
+            "dppo_cap")
 
 
 def one_term_per_sequence(*, level: str, loss_mode: str) -> bool:
@@ -49,23 +55,24 @@ def one_term_per_sequence(*, level: str, loss_mode: str) -> bool:
 
 
 def check_settings(*, eps_low: float, eps_high: float, level: str, agg: str, dual_clip: float | None,
-                   loss_mode: str, cispo_form: str, tau_pos: float, tau_neg: float) -> None:
+                   loss_mode: str, cispo_form: str, tau_pos: float, tau_neg: float, dppo_cap: float = 20.0) -> None:
     """Raise ValueError naming the setting for any invalid combination of ``SETTINGS``; the one place these rules
     live (``policy_loss`` and ``RLConfig.validate`` both call it).
 
     Raises:
         ValueError: for an unknown level, agg, loss_mode or cispo_form; eps outside 0 <= eps_low < 1, eps_high >= 0
-            (GMPO: both >= 0, in log space); dual_clip <= 1; tau <= 0; a loss_mode other than "clip" with
+            (GMPO and DPPO: both >= 0, log-space bounds or deltas); dppo_cap <= 0; dual_clip <= 1; tau <= 0; a
+            loss_mode other than "clip" with
             level != "token" or a dual_clip; one term per sequence with agg other than "seq-mean-token-mean".
     """
     choice("level", level, LEVELS)
     choice("aggregation mode", agg, AGGREGATIONS)
     choice("loss_mode", loss_mode, LOSS_MODES)
     choice("cispo_form", cispo_form, CISPO_FORMS)
-    if loss_mode == "gmpo":  # log-space bounds: any eps_low >= 0 is a ratio bound e^-eps_low in (0, 1]
+    if loss_mode == "gmpo" or loss_mode in DPPO_MODES:  # GMPO's log-space bounds, DPPO's deltas: any value >= 0
         if not (eps_low >= 0 and eps_high >= 0):
-            raise ValueError(f"GMPO needs eps_low >= 0 and eps_high >= 0 (log-ratio bounds), got eps_low={eps_low}, "
-                             f"eps_high={eps_high}")
+            raise ValueError(f"{loss_mode} needs eps_low >= 0 and eps_high >= 0 (GMPO: log-ratio bounds; DPPO: the "
+                             f"deltas), got eps_low={eps_low}, eps_high={eps_high}")
     elif not (0 <= eps_low < 1 and eps_high >= 0):
         raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if dual_clip is not None and not dual_clip > 1:
@@ -75,6 +82,9 @@ def check_settings(*, eps_low: float, eps_high: float, level: str, agg: str, dua
         raise ValueError(f"loss_mode={loss_mode!r} defines its own ratio: it needs level='token' and dual_clip=None, "
                          f"got level={level!r}, dual_clip={dual_clip}")
     check_tau(tau_pos, tau_neg)
+    if not dppo_cap > 0:
+        raise ValueError(f"dppo_cap must be > 0 (DPPO's cap on the detached ratio, verl's clip_ratio_c), "
+                         f"got {dppo_cap}")
     if one_term_per_sequence(level=level, loss_mode=loss_mode) and agg != "seq-mean-token-mean":
         raise ValueError(f"level={level!r} with loss_mode={loss_mode!r} has one term per sequence: agg must be "
                          f"'seq-mean-token-mean', got {agg!r}")
@@ -84,10 +94,12 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
                 eps_high: float | None = None, level: str = "token", agg: str = "token-mean",
                 dual_clip: float | None = None, max_tokens: int | None = None, denominator: float | None = None,
                 loss_mode: str = "clip", cispo_form: str = "two-sided", tau_pos: float = 1.0,
-                tau_neg: float = 1.05, is_weights: Tensor | None = None) -> tuple[Tensor, dict]:
+                tau_neg: float = 1.05, dppo_cap: float = 20.0, is_weights: Tensor | None = None
+                ) -> tuple[Tensor, dict]:
     """The policy-gradient loss: checks the inputs, then calls ``token_clip_loss`` (PPO, GRPO, DAPO),
     ``gspo_loss`` (GSPO) or ``gspo_token_loss`` (GSPO-token) by ``level``, or, by ``loss_mode``, one of the
-    losses that keep the gradient the clip removes: ``cispo_loss``, ``sapo_loss``, ``gmpo_loss``.
+    losses that keep the gradient the clip removes: ``cispo_loss``, ``sapo_loss``, ``gmpo_loss``, or DPPO's
+    trust region anchored on the sampler, ``trust_region.dppo_loss``.
 
     Above ``LOG_RATIO_LINEAR_ABOVE`` (20 nats) a log-ratio's exp is continued by its tangent, so the ratio stays
     finite and its gradient keeps its exact sign (|A| e^20 > 0 where the unclipped branch is active, 0 where a
@@ -100,15 +112,18 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         advantages: (B,) one per sequence, or (B, T) per token (not with level="sequence").
         mask: (B, T) 1 on tokens that count.
         eps_low, eps_high: the clip range [1 - eps_low, 1 + eps_high] (eps_high defaults to eps_low; DAPO's
-            clip-higher 0.28); CISPO's weight bounds; GMPO's log-ratio bounds [-eps_low, eps_high].
+            clip-higher 0.28); CISPO's weight bounds; GMPO's log-ratio bounds [-eps_low, eps_high]; DPPO's deltas
+            (delta_low for A <= 0, delta_high for A > 0; verl's clip_ratio_low / high under dppo_tv / dppo_kl).
         level: "token", "sequence" (GSPO) or "sequence-token" (GSPO-token).
         agg: aggregation mode (see ``aggregate``); "seq-mean-token-mean" for one term per sequence.
         dual_clip: optional c > 1 of dual-clip PPO: for A < 0 the loss is capped at c * |A|.
         max_tokens, denominator: passed to ``aggregate`` (denominator counts sequences for GSPO and GMPO).
-        loss_mode: "clip" (PPO's clipped surrogate at ``level``), "cispo", "sapo" or "gmpo" (each at
-            level="token", without dual_clip).
+        loss_mode: "clip" (PPO's clipped surrogate at ``level``), "cispo", "sapo", "gmpo", "dppo_tv" or "dppo_kl"
+            (each at level="token", without dual_clip). DPPO's anchor is ``old_logprobs``: the sampler's with
+            pi_old="naive", as the paper anchors it on the behaviour policy.
         cispo_form: "two-sided" (paper eq. 5, verl) or "one-sided" (TRL: only the cap 1 + eps_high).
         tau_pos, tau_neg: SAPO's gate temperatures for A > 0 and A <= 0 (> 0).
+        dppo_cap: DPPO's cap C on the detached ratio (> 0; verl's clip_ratio_c, 20 by the paper's section 5.4).
         is_weights: optional importance weights between a sampler and the trainer (``importance.is_weights``):
             (B, T), or (B,) per sequence (only (B,) for GSPO and GMPO), finite, >= 0, detached. Each loss term is
             multiplied by its weight before aggregation, as TRL and verl do, done as A * w: exact, since every loss
@@ -119,7 +134,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
         (loss, stats). stats (floats): clip_frac_low / clip_frac_high (share of valid tokens whose gradient the
         clip removed, low / high side; every token of a clipped sequence for GSPO and GSPO-token, as GSPO's paper
         counts), clip_frac (their sum), ratio_mean / _min / _max / _std over valid tokens (a sequence's s_i on each
-        of its tokens), approx_kl (k3 of KL(pi_old || pi) per token); CISPO, SAPO, GMPO add ppo_clip_frac.
+        of its tokens), approx_kl (k3 of KL(pi_old || pi) per token); CISPO, SAPO, GMPO add ppo_clip_frac; DPPO
+        gives dppo_masked_frac (tokens its trust region left without gradient, also as clip_frac) and capped_frac.
 
     Raises:
         ValueError: if logprobs, old_logprobs and mask differ in shape, advantages or is_weights have the wrong
@@ -128,7 +144,8 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
 
     Source: PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO, Yu et al. 2025, eq. 8;
     GSPO, Zheng et al. 2025, eq. 5-7 and 13-14; CISPO, MiniMax 2025 (arXiv 2506.13585), eq. 4-5; SAPO, Gao et
-    al. 2025 (arXiv 2511.20347), eq. 5-6; GMPO, Zhao et al. 2025 (arXiv 2507.20673), eq. 4.
+    al. 2025 (arXiv 2511.20347), eq. 5-6; GMPO, Zhao et al. 2025 (arXiv 2507.20673), eq. 4; DPPO, Qi et al. 2026
+    (arXiv 2602.04879).
     """
     same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
     ndim("logprobs", logprobs, 2, "(B, T)")
@@ -141,7 +158,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
                          f"GMPO), got {tuple(advantages.shape)}")
     eps_high = eps_low if eps_high is None else eps_high
     check_settings(eps_low=eps_low, eps_high=eps_high, level=level, agg=agg, dual_clip=dual_clip,
-                   loss_mode=loss_mode, cispo_form=cispo_form, tau_pos=tau_pos, tau_neg=tau_neg)
+                   loss_mode=loss_mode, cispo_form=cispo_form, tau_pos=tau_pos, tau_neg=tau_neg, dppo_cap=dppo_cap)
     advantages = advantages.detach().to(logprobs.dtype)
     mask = mask.to(logprobs.dtype)
     if is_weights is not None:  # w L(A) = L(w A) for w >= 0 (see the Args): the weight reaches every loss below
@@ -154,6 +171,11 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     elif loss_mode == "sapo":
         loss, stats = sapo_loss(logprobs, old_logprobs, advantages, mask, tau_pos=tau_pos, tau_neg=tau_neg, agg=agg,
                                 max_tokens=max_tokens, denominator=denominator)
+    elif loss_mode in DPPO_MODES:
+        loss, stats = dppo_loss(logprobs, old_logprobs, advantages, mask, divergence=DPPO_MODES[loss_mode],
+                                delta_low=eps_low, delta_high=eps_high, is_cap=dppo_cap, agg=agg,
+                                max_tokens=max_tokens, denominator=denominator)
+        stats["clip_frac"] = stats["dppo_masked_frac"]  # the tokens its trust region stopped, as PPO's clip_frac
     elif loss_mode == "gmpo":
         loss, stats = gmpo_loss(logprobs, old_logprobs, advantages[:, 0], mask, eps_low=eps_low, eps_high=eps_high,
                                 denominator=denominator)

@@ -137,6 +137,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=ent)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
         rl_offpolicy.sync_if_due(sampler, model, step, cfg)  # the sampler reloads the weights, as an engine does
+        if cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
+            reset_reference(ref_model, model)  # the next step's KL is measured from here: 0 at its start
         t_opt = time.time() - t_opt
         # 5. log
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
@@ -286,6 +288,17 @@ def pi_old_source(cfg: RLConfig, *, sampler_is_trainer: bool) -> str:
 
 
 @torch.no_grad()
+def reset_reference(ref_model, model) -> None:
+    """Copy the policy's weights into the reference (``RLConfig.ref_reset_every``): the KL penalty then anchors on
+    where the policy is now, not where it started. TRL's ``sync_ref_model`` with ``ref_model_mixup_alpha`` 1.
+
+    Raises:
+        RuntimeError: from ``load_state_dict`` when the reference is not the policy's architecture.
+    """
+    ref_model.load_state_dict(model.state_dict())
+
+
+@torch.no_grad()
 def behaviour_logprobs(model, ref_model, batch: rollout.Rollout, cfg: RLConfig, *, source: str | None = None
                        ) -> tuple[Tensor | None, Tensor | None, Routes | None]:
     """(B, T) log-probs of the sampled tokens under pi_old (None when ``source`` is "current": the update then
@@ -348,8 +361,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
     PPO's critic, else None.
 
     Source: GAE, Schulman et al. 2016, eq. 16; GRPO, Shao et al. 2024, section 4.1.2; Dr. GRPO, Liu et al. 2025;
-    RLOO, Ahmadian et al. 2024; REINFORCE++, Hu et al. 2025; GDPO, Liu et al. 2026 (``gdpo_advantages``, with
-    ``reward_weights`` and ``batch.rewards_per_func``).
+    RLOO, Ahmadian et al. 2024; MaxRL, Tajwar et al. 2026; REINFORCE++, Hu et al. 2025; GDPO, Liu et al. 2026
+    (``gdpo_advantages``, with ``reward_weights`` and ``batch.rewards_per_func``).
     """
     mask = batch.completion_mask
     kl_in_reward = kl_tokens is not None and beta > 0 and cfg.kl_placement == "reward"
@@ -371,6 +384,8 @@ def compute_advantages(total_rewards: Tensor, kl_tokens: Tensor | None, batch: r
         return gdpo_advantages(batch, cfg, reward_weights), None, None
     if cfg.advantage == "rloo":
         return adv.rloo_advantages(total_rewards, group_size=cfg.group_size), None, None
+    if cfg.advantage == "maxrl":
+        return adv.maxrl_advantages(total_rewards, group_size=cfg.group_size), None, None
     if cfg.advantage == "reinforce_pp":
         return adv.reinforce_pp_advantages(total_rewards, eps=cfg.adv_eps), None, None
     if cfg.advantage == "reinforce_pp_baseline":

@@ -1,10 +1,11 @@
 """Stage 4 of the RL loop (``rl.train_rl``): one optimiser step on a minibatch of the rollout.
 
 ``RLBatch`` holds what the update reads, row-aligned, so ``batch[rows]`` is a minibatch or a micro-batch;
-``update_minibatch`` accumulates the gradient of pg_loss + beta * kl_loss (+ PPO's value loss, + an MoE's
-load-balancing loss) over micro-batches, each term divided by the whole minibatch's count, so the micro-batch size
-changes nothing (Clip-Cov's and KL-Cov's selection included: ``entropy_control.with_cov_selection``); the loss terms
-and the forwards it runs are the functions below it, in reading order. ``rl`` re-exports every name.
+``update_minibatch`` accumulates the gradient of pg_loss + beta * kl_loss (+ Kimi's squared log-ratio to the sampler,
++ PPO's value loss, + an MoE's load-balancing loss) over micro-batches, each term divided by the whole minibatch's
+count, so the micro-batch size changes nothing (Clip-Cov's and KL-Cov's selection included:
+``entropy_control.with_cov_selection``); the loss terms and the forwards it runs are the functions below it, in
+reading order. ``rl`` re-exports every name.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import entropy_control, importance, losses, models, precision, rl_offpolicy, rollout
+from . import entropy_control, importance, losses, models, precision, rl_offpolicy, rollout, trust_region
 from .config import RLConfig
 from .moe import Routes, capture_router_logits, load_balancing_loss, replay_routing
 
@@ -73,8 +74,9 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
                      ent: entropy_control.EntropyState | None = None) -> dict:
     """One optimiser step on ``minibatch``, accumulating gradients over micro-batches of cfg.micro_batch_size rows.
 
-    The objective is pg_loss + beta * kl_loss (KL in the loss) + value_loss (PPO's critic, which shares no
-    parameter with the policy) + router_aux_loss_coef * aux_loss (an MoE's load-balancing loss, when switched on).
+    The objective is pg_loss + beta * kl_loss (KL in the loss) + the sampler term (Kimi K2.5's tau (log pi / mu)^2,
+    with cfg.sampler_kl_tau > 0) + value_loss (PPO's critic, which shares no parameter with the policy) +
+    router_aux_loss_coef * aux_loss (an MoE's load-balancing loss, when switched on).
     Every term but the last is divided by the WHOLE minibatch's count (tokens or sequences, see
     ``loss_denominator``), so the micro-batch losses add up to exactly the minibatch's loss whatever their size.
     The policy (and critic) are in train mode while it runs (``precision.train_mode``: gradient checkpointing
@@ -107,6 +109,8 @@ def update_minibatch(model, optimizer, minibatch: RLBatch, cfg: RLConfig, *, bet
                     logprobs, entropy, old_logprobs, micro, cfg, denominator=denominator, is_weights=weights,
                     state=ent, share=len(micro) / len(minibatch))
                 kl_loss = kl_loss_term(logprobs, old_logprobs, micro, cfg, denominator) if kl_in_loss else 0.0
+                if cfg.sampler_kl_tau > 0:  # Kimi K2.5: pulls each token back towards the sampler's probability
+                    pg_loss = pg_loss + sampler_term(logprobs, micro, cfg, denominator)
                 value_loss, vst = value_loss_term(critic, micro, cfg, n_tokens) if critic is not None else (0.0, {})
                 aux_loss = router_aux_term(router_logits, micro, model, len(minibatch)) if router_logits else 0.0
                 policy_objective = pg_loss + beta * kl_loss + cfg.router_aux_loss_coef * aux_loss
@@ -181,6 +185,17 @@ def kl_loss_term(logprobs: Tensor, old_logprobs: Tensor, micro: RLBatch, cfg: RL
     agg = "seq-mean-token-mean" if cfg.level == "sequence" else cfg.agg
     per_token = rl_offpolicy.kl_terms(logprobs, old_logprobs, micro.ref_logprobs, micro.loss_mask, cfg)  # (b, T)
     return losses.aggregate(per_token, micro.loss_mask, agg, max_tokens=cfg.max_new_tokens, denominator=denominator)
+
+
+def sampler_term(logprobs: Tensor, micro: RLBatch, cfg: RLConfig, denominator: float) -> Tensor:
+    """Kimi K2.5's term tau (log pi - log mu)^2 against the sampler's log-probs (``trust_region.
+    sampler_log_ratio_penalty``), aggregated like the policy loss, over the same denominator."""
+    if micro.sampler_logprobs is None:
+        raise ValueError("sampler_kl_tau needs the sampler's log-probs (rollout.sampler_logprobs)")
+    per_token = trust_region.sampler_log_ratio_penalty(logprobs, micro.sampler_logprobs, micro.loss_mask,
+                                                       tau=cfg.sampler_kl_tau)  # (b, T)
+    return losses.aggregate(per_token, micro.loss_mask, cfg.agg, max_tokens=cfg.max_new_tokens,
+                            denominator=denominator)
 
 
 def value_loss_term(critic, micro: RLBatch, cfg: RLConfig, n_tokens: float) -> tuple[Tensor, dict]:

@@ -25,6 +25,8 @@ _TRL_ADV_EPS = 1e-4  # TRL 1.16 divides by (std + 1e-4), a constant
 _TRL_GRPO_LACKS = {"rloo": "GRPOTrainer's group mean includes the sample itself; TRL's RLOOTrainer has the "
                            "leave-one-out baseline (to_trl maps advantage='rloo' there, see rloo_trl_kwargs)",
                    "reinforce_pp": "GRPOTrainer always subtracts the group mean: no batch-mean baseline",
+                   "maxrl": "GRPOTrainer's scale_rewards divides by a std ('group', 'batch') or by nothing, never "
+                            "by the group's mean (MaxRL)",
                    "reinforce_pp_baseline": "GRPOTrainer's scale_rewards='batch' divides by the std of the raw "
                                             "rewards, not of the group-centred ones"}
 
@@ -118,10 +120,11 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
             overlong_shaping (unless in ``without``), adv_eps other than 1e-4, level="sequence-token" with an
             aggregation other than seq-mean-token-mean, GSPO with another aggregation, dual_clip <= 1 + eps_high,
             two-sided CISPO, CISPO other than token-mean, SAPO other than seq-mean-token-mean, advantage rloo /
-            reinforce_pp / reinforce_pp_baseline, pi_old="naive", is_seq_form="geomean" with a sequence
-            correction, is_correction with loss_mode="gmpo", token_tis / token_mis with level="sequence-token",
-            cov_mode (Clip-Cov, KL-Cov: verl only). The entropy controls map to top_entropy_quantile, entropy_coef,
-            use_adaptive_entropy (with entropy_target, entropy_coef_delta / _min / _max), TRL's own names.
+            maxrl / reinforce_pp / reinforce_pp_baseline, DPPO's loss modes, sampler_kl_tau > 0, pi_old="naive",
+            is_seq_form="geomean" with a sequence correction, is_correction with loss_mode="gmpo", token_tis /
+            token_mis with level="sequence-token", cov_mode (Clip-Cov, KL-Cov: verl only). The entropy controls
+            map to top_entropy_quantile, entropy_coef, use_adaptive_entropy (with entropy_target,
+            entropy_coef_delta / _min / _max), TRL's own names; ref_reset_every to sync_ref_model (``_trl_ref_sync``).
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included),
             a name in ``without`` that is not droppable, a micro-batch that does not divide the minibatch, or
             num_processes that is not a positive int dividing the micro-batch.
@@ -176,14 +179,31 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
         extra = dict(sapo_temperature_pos=cfg.tau_pos, sapo_temperature_neg=cfg.tau_neg)
     elif cfg.loss_mode == "gmpo":
         loss_type = "grpo"  # GMPOTrainer replaces the loss; epsilon / epsilon_high are its log-space bounds
+    elif cfg.loss_mode != "clip":
+        raise _missing(f"loss_mode={cfg.loss_mode!r}", "TRL 1.16 has no DPPO loss (a binary-TV / binary-KL trust "
+                       "region on the sampled token)", "verl 0.9.1's policy_loss.loss_mode has it: to_verl maps it")
+    if cfg.sampler_kl_tau > 0:
+        raise _missing("sampler_kl_tau", "TRL 1.16's GRPOTrainer has no squared log-ratio to the sampler (Kimi "
+                       "K2.5's term; prime-rl's kl_tau)")
     return dict(
         # the algorithm
         loss_type=loss_type, importance_sampling_level="token" if cfg.level == "token" else "sequence",
         epsilon=cfg.eps_low, epsilon_high=epsilon_high, delta=cfg.dual_clip, scale_rewards=cfg.adv_scale, **extra,
         beta=cfg.beta, use_bias_correction_kl=cfg.kl_ratio_weighted, mask_truncated_completions=cfg.overlong_filter,
-        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_importance(cfg), **real_model.trl_grpo_settings(cfg),
+        **_trl_common(cfg, num_processes), **{**_TRL_FIXED, **_trl_ref_sync(cfg), **_trl_importance(cfg),
+                                              **real_model.trl_grpo_settings(cfg),
                                               "off_policy_mask_threshold": cfg.off_policy_mask_threshold,
                                               **_trl_entropy(cfg)})
+
+
+def _trl_ref_sync(cfg: RLConfig) -> dict:
+    """GRPOConfig's reference sync for ``ref_reset_every``: a hard copy every k optimiser steps of a rollout's last
+    (TRL syncs on its own steps, minirl after every k-th rollout: k x num_iterations x num_minibatches of TRL's);
+    {} without one (``_TRL_FIXED`` keeps the reference fixed)."""
+    if not cfg.ref_reset_every:
+        return {}
+    return dict(sync_ref_model=True, ref_model_mixup_alpha=1.0,
+                ref_model_sync_steps=cfg.ref_reset_every * cfg.num_iterations * cfg.num_minibatches)
 
 
 def _trl_entropy(cfg: RLConfig) -> dict:

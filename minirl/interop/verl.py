@@ -33,7 +33,9 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     GSPO for per-sequence advantages; vanilla PPO always applies dual-clip, so "no dual clip" is written as
     clip_ratio_c=1e9. loss_mode cispo -> "cispo" (one-sided: clip_ratio_low=1.0), sapo -> "sapo" with
     actor.tau_pos / tau_neg, gmpo -> "geo_mean" (clip_ratio_low / high are then its log-space bounds; the loss
-    averages over all rows). These names are the same in verl 0.7.0 and 0.9.1. The sampler correction
+    averages over all rows); dppo_tv / dppo_kl -> the same loss modes (verl 0.9.1 only), clip_ratio_low / high
+    their deltas and clip_ratio_c the ratio's cap, written always (the actor's default 3.0, not the loss's 20). These
+    names are the same in verl 0.7.0 and 0.9.1 but for DPPO. The sampler correction
     (``algorithm.rollout_correction``, verl 0.9.1 only): pi_old="naive" -> bypass_mode=True (old_log_probs = the
     rollout's, verl's own PPO clip); token_tis / seq_tis -> rollout_is=token / sequence with rollout_is_threshold
     = is_cap (truncation from above); token_mis / seq_mis -> the same with "is_cap_low_is_cap" (IcePop: weights
@@ -45,7 +47,8 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
             places), router_aux_loss_coef > 0, overlong_filter, adv_scale="batch", adaptive_kl with the KL in
             the loss, GSPO or SAPO with another aggregation, pi_old="naive" with a loss other than token PPO clip,
-            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low, GDPO's normalize_then_sum
+            is_seq_form="geomean", is_cap_low with TIS, MIS without is_cap_low, GDPO's normalize_then_sum, advantage
+            "maxrl", sampler_kl_tau > 0 (Kimi's term), ref_reset_every > 0
             (``real_model.verl_settings``, which maps precision, checkpointing, batch sizes, LoRA and TensorBoard).
         ValueError: for an invalid config (a token-level is_correction with level="sequence" or GMPO included).
 
@@ -69,14 +72,22 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
                        "verified against minirl's moe.load_balancing_loss")
     if cfg.overlong_filter:
         raise _missing("overlong_filter", "verl 0.9 has no option that masks truncated completions in the loss")
+    if cfg.advantage not in _VERL_ESTIMATOR:
+        raise _missing(f"advantage={cfg.advantage!r}", "verl 0.9.1 has no MaxRL estimator ((r - mean) / mean); "
+                       "prime-rl and SkyRL have one")
+    if cfg.sampler_kl_tau > 0:
+        raise _missing("sampler_kl_tau", "verl 0.9.1's policy losses have no squared log-ratio to the rollout's "
+                       "log-probs (Kimi K2.5's term; prime-rl's kl_tau)")
+    if cfg.ref_reset_every:
+        raise _missing("ref_reset_every", "verl 0.9.1 keeps the reference fixed (no option copies the actor into it)")
     if cfg.advantage == "group" and cfg.adv_scale == "batch":
         raise _missing("adv_scale='batch'", "verl's GRPO divides by the group std or by nothing")
     if cfg.level == "sequence" and cfg.agg != "seq-mean-token-mean":
         raise _missing(f"level='sequence' with agg={cfg.agg!r}", "verl's gspo aggregates seq-mean-token-mean")
     if cfg.loss_mode == "sapo" and cfg.agg != "seq-mean-token-mean":
         raise _missing(f"loss_mode='sapo' with agg={cfg.agg!r}", "verl's sapo always aggregates seq-mean-token-mean")
-    loss_mode = {"cispo": "cispo", "sapo": "sapo", "gmpo": "geo_mean"}.get(
-        cfg.loss_mode, "vanilla" if cfg.level == "token" else "gspo")
+    loss_mode = {"cispo": "cispo", "sapo": "sapo", "gmpo": "geo_mean", "dppo_tv": "dppo_tv", "dppo_kl": "dppo_kl",
+                 "clip": "vanilla" if cfg.level == "token" else "gspo"}[cfg.loss_mode]
     loss_mode = cfg.cov_mode if cfg.cov_mode != "none" else loss_mode  # Clip-Cov / KL-Cov replace the token clip
     # verl's cispo is two-sided clip(r, 1 - low, 1 + high): the one-sided cap min(r, 1 + high) is low = 1 (r >= 0)
     clip_low = 1.0 if cfg.loss_mode == "cispo" and cfg.cispo_form == "one-sided" else cfg.eps_low
@@ -100,8 +111,10 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
             f"{a}.optim.clip_grad={cfg.max_grad_norm}",
             f"{a}.policy_loss.loss_mode={loss_mode}",
             f"{a}.clip_ratio_low={clip_low}", f"{a}.clip_ratio_high={cfg.eps_high}"]
-    if cfg.loss_mode == "clip" and cfg.cov_mode == "none":  # only verl's vanilla loss reads clip_ratio_c
+    if cfg.loss_mode == "clip" and cfg.cov_mode == "none":  # verl's vanilla loss reads clip_ratio_c as dual-clip
         out.append(f"{a}.clip_ratio_c={cfg.dual_clip if cfg.dual_clip is not None else 1e9}")
+    elif cfg.loss_mode.startswith("dppo"):  # DPPO reads it as the cap of the detached ratio (verl's default 3.0)
+        out.append(f"{a}.clip_ratio_c={cfg.dppo_cap}")
     if cfg.loss_mode == "sapo":
         out += [f"{a}.tau_pos={cfg.tau_pos}", f"{a}.tau_neg={cfg.tau_neg}"]
     out.append(f"{a}.loss_agg_mode={cfg.agg}")
