@@ -26,6 +26,9 @@ from .precision import PRECISIONS
 
 #: ``RLConfig.distill``: "none" (the RL loop), or the objective of ``distill_loop.train_distill``.
 DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
+#: ``RLConfig.distill_teacher``: the given teacher model, or the student itself behind a demonstration or its best
+#: sibling (self-distillation: ``distill_loop``).
+DISTILL_TEACHERS = ("external", "self_demonstration", "self_best_sibling")
 #: RLConfig fields the distillation loop does not read: with ``distill`` set they must keep their defaults.
 DISTILL_UNREAD = ("dppo_cap", "sampler_kl_tau", "ref_reset_every", "precision", "gradient_checkpointing",
                   "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
@@ -165,6 +168,9 @@ class RLConfig:
     distill_gamma: float = 0.0  # discount of the reverse-KL reward to go (0: Tinker's, each token its own reward)
     distill_coef: float = 1.0  # weight of the teacher's term
     task_coef: float = 0.0  # weight of the task score's group advantage beside the teacher (> 0: the mix)
+    distill_teacher: str = "external"  # DISTILL_TEACHERS: the teacher model passed in, or self-distillation: the
+    # student behind the dataset's completion ("self_demonstration", SDFT) or its best-scored sibling
+    # ("self_best_sibling", SDPO), with distill "reverse_kl" or "full_reverse_kl"
     # --- DAPO
     dynamic_sampling: bool = False  # keep only groups with non-identical accuracy, over-sampling to fill the batch
     gen_prompts_per_round: int | None = None  # prompts per generation round when over-sampling (None: prompts_per_step)
@@ -340,6 +346,10 @@ class RLConfig:
         reference KL, no task reward for SFT on the teacher's samples, and no distillation field set without
         ``distill``."""
         choice("distill", self.distill, DISTILL_OBJECTIVES)
+        choice("distill_teacher", self.distill_teacher, DISTILL_TEACHERS)
+        if self.distill_teacher != "external" and self.distill not in ("reverse_kl", "full_reverse_kl"):
+            raise ValueError(f"distill_teacher={self.distill_teacher!r} grades the student's own samples: it needs "
+                             f"distill 'reverse_kl' or 'full_reverse_kl', got {self.distill!r}")
         if self.distill == "none":
             if (self.distill_gamma, self.distill_coef, self.task_coef) != (0.0, 1.0, 0.0):
                 raise ValueError(f"distill_gamma, distill_coef and task_coef apply with a teacher (distill != 'none'); "

@@ -23,6 +23,14 @@ The objectives (``RLConfig.distill``):
 
 A student equal to its teacher gets exactly zero gradient from the on-policy objectives (tests/test_distill_loop.py):
 the teacher's forward is the student's on the same rows, so every reward and every KL is exactly 0.
+
+Self-distillation (``RLConfig.distill_teacher``; SDFT, Shenfeld et al. 2026, arXiv 2601.19897; SDPO, Hübotter et al.
+2026, arXiv 2601.20802): the teacher is the student itself, shown something the student was not, in front of the same
+prompt and the same sampled tokens: a demonstration (``"self_demonstration"``: the dataset's ``completion`` for the
+prompt, a worked answer) or the best-scored completion of the row's own group (``"self_best_sibling"``, when one
+scored above 0). Its context is the demonstration's tokens and EOS, then the row's prompt and completion, token for
+token (``self_teacher_inputs``: nothing is re-tokenised), so an empty demonstration makes the teacher the student
+exactly: zero gradient.
 """
 
 from __future__ import annotations
@@ -64,6 +72,55 @@ def load_teacher(profile: str = "cpu"):
     return teacher, build_tokenizer(), json.loads((path / "info.json").read_text())
 
 
+def demonstration_contexts(prompts: list[str], demonstrations: dict[str, str], tokenizer, eos_token_id: int
+                           ) -> list[list[int]]:
+    """Self-distillation's demonstration for each row: the tokens of the prompt's worked example (prompt + the dataset's
+    completion for it) and EOS, as one document before the row's own prompt.
+
+    Raises:
+        ValueError: for a prompt the dataset has no completion for.
+    """
+    missing = [p for p in prompts if p not in demonstrations]
+    if missing:
+        raise ValueError(f"distill_teacher='self_demonstration' needs a 'completion' for every prompt; none for "
+                         f"{missing[:2]}")
+    return [tokenizer(p + demonstrations[p], add_special_tokens=True)["input_ids"] + [eos_token_id] for p in prompts]
+
+
+def best_sibling_contexts(batch, scores: Tensor, group_size: int) -> list[list[int]]:
+    """Self-distillation's best sibling for each row: the prompt and completion tokens (as sampled, padding dropped)
+    of the highest-scored completion of the row's group (the first of equals), when it scored above 0; else an empty
+    context (no success to learn from: the teacher is then the student, and the row gets no gradient)."""
+    P, out = batch.n_prompt_tokens, []
+    s = torch.nan_to_num(scores.cpu(), nan=float("-inf")).view(-1, group_size)  # (N, G)
+    for g, row in enumerate(s):
+        best = g * group_size + int(row.argmax())
+        ids = batch.input_ids[best][batch.attention_mask[best] > 0].tolist()  # prompt + completion, unpadded
+        context = ids if float(row.max()) > 0 else []
+        out += [context] * group_size
+    return out
+
+
+def self_teacher_inputs(input_ids: Tensor, attention_mask: Tensor, n_prompt_tokens: int, contexts: list[list[int]],
+                        pad_token_id: int) -> tuple[Tensor, Tensor]:
+    """(B, P' + T) ids and attention mask of the self-teacher: each row's context tokens, then its own prompt tokens
+    and its completion, token for token, left-padded to one prompt width P'. A row with an empty context is the
+    student's row itself (when every context is empty, the tensors are the inputs unchanged).
+
+    Example: prompt [p1, p2] (P = 3, one pad), completion [c1, EOS], context [d1, d2, EOS]: the teacher's row is
+    [d1, d2, EOS, p1, p2, c1, EOS], P' = 5.
+    """
+    P = n_prompt_tokens
+    heads = [ctx + ids[:P][m[:P] > 0].tolist() for ctx, ids, m in zip(contexts, input_ids, attention_mask,
+                                                                         strict=True)]
+    width = max(len(h) for h in heads)
+    device = input_ids.device
+    head_ids = torch.tensor([[pad_token_id] * (width - len(h)) + h for h in heads], device=device)
+    head_mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in heads], device=device)
+    return (torch.cat([head_ids.to(input_ids.dtype), input_ids[:, P:]], 1),
+            torch.cat([head_mask.to(attention_mask.dtype), attention_mask[:, P:]], 1))
+
+
 def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, teacher, reward_fn=None,
                   reward_weights=None, callback=None, output_dir: str | Path | None = None,
                   resume_from: str | Path | None = None) -> History:
@@ -77,7 +134,8 @@ def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *
             adv_eps (the mix's task advantage), distill_gamma, distill_coef, task_coef, eval_every, seed, progress.
         train_data: a Dataset with a ``prompt`` column and what the reward reads.
         eval_data: optional held-out Dataset, evaluated before training, every ``eval_every`` steps and at the end.
-        teacher: the frozen teacher (``load_teacher``); never trained.
+        teacher: the frozen teacher (``load_teacher``); never trained. None with a self-teacher
+            (``cfg.distill_teacher`` "self_demonstration" or "self_best_sibling": the student is its own teacher).
         reward_fn: the task reward in TRL's form (default the running-sums task's), or a list of them; logged, trained
             on by the mix.
         reward_weights: one weight per reward function (default 1 each).
@@ -91,22 +149,34 @@ def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *
         student's own samples), ``loss``, ``grad_norm``, ``entropy``, ``gen_samples``, timings, held-out metrics.
 
     Raises:
-        ValueError: for an invalid config (``RLConfig.validate``), ``cfg.distill == "none"``, no teacher, a teacher
-            whose vocabulary differs from the student's, or ``resume_from``.
+        ValueError: for an invalid config (``RLConfig.validate``), ``cfg.distill == "none"``, no teacher (or one
+            given with a self-teacher), a teacher whose vocabulary differs from the student's, ``resume_from``, or,
+            for "self_demonstration", training data without a ``completion`` column or with non-string prompts.
 
     Source: Agarwal et al. 2024 (GKD, arXiv 2306.13649), algorithm 1 with lambda = 1 (always the student's samples);
     Thinking Machines, "On-Policy Distillation" (2025); Kim & Rush 2016 (SFT on teacher samples).
     """
     cfg.validate()
+    self_teacher = cfg.distill_teacher != "external"
+    if self_teacher and teacher is not None:
+        raise ValueError(f"distill_teacher={cfg.distill_teacher!r}: the student is its own teacher; pass teacher=None")
+    teacher = model if self_teacher else teacher
     if cfg.distill == "none" or teacher is None:
         raise ValueError(f"train_distill needs cfg.distill in {DISTILL_OBJECTIVES[1:]} and a teacher, got "
                          f"distill={cfg.distill!r}, teacher={type(teacher).__name__}")
+    demonstrations = {}
+    if cfg.distill_teacher == "self_demonstration":
+        if "completion" not in train_data.column_names or not all(isinstance(p, str) for p in train_data["prompt"]):
+            raise ValueError("distill_teacher='self_demonstration' reads a 'completion' column (the demonstration) "
+                             "beside string prompts")
+        demonstrations = dict(zip(train_data["prompt"], train_data["completion"], strict=True))
     if teacher.config.vocab_size != model.config.vocab_size:
         raise ValueError(f"the teacher's vocabulary ({teacher.config.vocab_size}) must be the student's "
                          f"({model.config.vocab_size}): distillation compares their next-token distributions")
     if resume_from is not None:
         raise ValueError("train_distill does not resume from checkpoints (resume_from must be None)")
-    teacher.eval().requires_grad_(False)
+    if not self_teacher:
+        teacher.eval().requires_grad_(False)
     reward_fn = reward_fn or tasks.running_sums_reward
     set_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -131,6 +201,13 @@ def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *
         data = rl.RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                           n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
                           loss_mask=batch.completion_mask, old_logprobs=None, advantages=task_advantages)
+        if self_teacher:  # the student, shown a demonstration or its best sibling, grades its own tokens
+            eos = rollout.eos_token_ids(tokenizer, model)[0]
+            contexts = (demonstration_contexts(batch.prompts, demonstrations, tokenizer, eos)
+                        if cfg.distill_teacher == "self_demonstration"
+                        else best_sibling_contexts(batch, scores, cfg.group_size))
+            data.teacher_input_ids, data.teacher_attention_mask = self_teacher_inputs(
+                batch.input_ids, batch.attention_mask, batch.n_prompt_tokens, contexts, tokenizer.pad_token_id)
         t_gen = time.time() - t0
         # 2-4. the teacher's grade and the loss, micro-batch by micro-batch; one optimiser step
         stats = distill_update(model, teacher, optimizer, data, cfg)
@@ -189,10 +266,15 @@ def token_loss(model, teacher, micro: rl.RLBatch, cfg: RLConfig) -> tuple[Tensor
     logits = rollout.completion_logits(model, ids, micro.attention_mask, P,
                                        completion_only=cfg.completion_only_head).float() / cfg.temperature  # (b, T, V)
     logprobs = rollout.selective_log_softmax(logits, ids[:, P:])  # (b, T), with grad
+    # the teacher reads the same completion tokens; a self-teacher behind its own context (self_teacher_inputs)
+    t_ids, t_mask = ids, micro.attention_mask
+    if micro.teacher_input_ids is not None:
+        t_ids, t_mask = micro.teacher_input_ids, micro.teacher_attention_mask
+    t_P = t_ids.shape[1] - (ids.shape[1] - P)
     with torch.no_grad():  # the teacher on the same rows: the student's twin gives the same numbers bit for bit
-        teacher_logits = rollout.completion_logits(teacher, ids, micro.attention_mask, P,
+        teacher_logits = rollout.completion_logits(teacher, t_ids, t_mask, t_P,
                                                    completion_only=cfg.completion_only_head).float() / cfg.temperature
-        teacher_logprobs = rollout.selective_log_softmax(teacher_logits, ids[:, P:])  # (b, T)
+        teacher_logprobs = rollout.selective_log_softmax(teacher_logits, t_ids[:, t_P:])  # (b, T)
     task = micro.advantages[:, None] * mask  # (b, T) the mix's task advantage (zero without the mix)
     if cfg.distill == "sft":
         per_token = cfg.distill_coef * distill.sft_nll(logprobs, mask)

@@ -2,15 +2,17 @@
 
 The presets: PPO (``ppo``), GRPO (``grpo``), Dr. GRPO (``dr_grpo``), DAPO (``dapo``), GSPO (``gspo``), GSPO-token
 (``gspo_token``), CISPO (``cispo``), SAPO (``sapo``), GMPO (``gmpo``), RLOO (``rloo``), REINFORCE++
-(``reinforce_pp``) and REINFORCE++ with baseline (``reinforce_pp_baseline``).
+(``reinforce_pp``), REINFORCE++ with baseline (``reinforce_pp_baseline``) and GRPO without a reference
+(``grpo_no_ref``).
 
 Every step runs five stages, each a few lines that call a named function defined below in reading order:
 
   1. rollout     G completions per prompt and their behaviour log-probs (dynamic sampling repeats 1-2)
   2. reward      the reward functions' scores (+ DAPO's overlong shaping) (+ the KL penalty, if it is a reward)
-  3. advantages  group-relative (GRPO's mean/std, RLOO's leave-one-out, REINFORCE++'s batch normalisation), or GAE
-                 with the critic
-  4. optimise    epochs x minibatches of ``update_minibatch`` (rl_update.py): pg_loss + beta * kl_loss (+ value_loss)
+  3. advantages  group-relative (GRPO's mean/std, RLOO's leave-one-out, MaxRL's / mean, REINFORCE++'s batch
+                 normalisation), or GAE with the critic
+  4. optimise    epochs x minibatches of ``update_minibatch`` (rl_update.py): pg_loss + beta * kl_loss (+ value_loss);
+                 the reference reset (``ref_reset_every``) copies the policy into the reference after every k-th step
   5. log         one row of metrics into History
 
 What differs between the algorithms is a handful of ``RLConfig`` switches (``config.ALGORITHMS``).

@@ -44,6 +44,8 @@ class RLBatch:
     sampler_logprobs: Tensor | None = None  # (B, T) the sampler's own, for an importance correction
     kept: Tensor | None = None  # (B, T, V) bool, a top-k / top-p sampler's kept sets
     cov_selected: Tensor | None = None  # (B, T) bool, Clip-Cov's / KL-Cov's tokens, chosen over the whole minibatch
+    teacher_input_ids: Tensor | None = None  # (B, P' + T) a self-distillation teacher's context + prompt + completion
+    teacher_attention_mask: Tensor | None = None  # (B, P' + T)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

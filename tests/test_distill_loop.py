@@ -226,3 +226,62 @@ def test_distill_verl_overrides_name_verls_options():
         for part in override.split("=")[0].split("."):
             assert part in node, override
             node = node[part]
+
+
+# --- self-distillation: the student is its own teacher, behind a demonstration or its best sibling ------------------
+def test_self_teacher_inputs_by_hand():
+    # prompt [7, 8] left-padded to P = 3, completion [9, EOS=1]; context [4, 5, 1]: [4, 5, 1, 7, 8, 9, 1], P' = 5
+    ids, mask = torch.tensor([[0, 7, 8, 9, 1]]), torch.tensor([[0, 1, 1, 1, 1]])
+    t_ids, t_mask = distill_loop.self_teacher_inputs(ids, mask, 3, [[4, 5, 1]], pad_token_id=0)
+    assert t_ids.tolist() == [[4, 5, 1, 7, 8, 9, 1]] and t_mask.tolist() == [[1] * 7]
+    # two rows, one with an empty context: it keeps its own tokens, left-padded to the other's width
+    ids, mask = torch.tensor([[0, 7, 8, 9, 1], [6, 7, 8, 2, 1]]), torch.tensor([[0, 1, 1, 1, 1], [1] * 5])
+    t_ids, t_mask = distill_loop.self_teacher_inputs(ids, mask, 3, [[4], []], pad_token_id=0)
+    assert t_ids.tolist() == [[4, 7, 8, 9, 1], [6, 7, 8, 2, 1]] and t_mask.tolist() == [[1] * 5] * 2
+    # every context empty: the student's own rows, unchanged
+    t_ids, t_mask = distill_loop.self_teacher_inputs(ids, mask, 3, [[], []], pad_token_id=0)
+    assert torch.equal(t_ids, ids) and torch.equal(t_mask, mask)
+
+
+def test_best_sibling_is_the_groups_best_scored_completion_or_nothing():
+    from types import SimpleNamespace
+
+    ids = torch.tensor([[0, 5, 6, 1], [0, 5, 7, 1], [3, 4, 8, 1], [3, 4, 9, 1]])  # P = 2, two groups of 2
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    batch = SimpleNamespace(input_ids=ids, attention_mask=mask, n_prompt_tokens=2)
+    contexts = distill_loop.best_sibling_contexts(batch, torch.tensor([0.0, 1.0, 0.0, 0.0]), group_size=2)
+    assert contexts == [[5, 7, 1], [5, 7, 1], [], []]  # group 1 has no success: no demonstration
+
+
+@pytest.mark.parametrize("objective", ["reverse_kl", "full_reverse_kl"])
+def test_self_distillation_with_an_empty_demonstration_gives_exactly_zero_gradient(tok, monkeypatch, objective):
+    train = datasets.Dataset.from_dict({"prompt": ["1+2=", "3+4+5="], "completion": ["1+2=3#3", "3+4=7;7+5=12#12"],
+                                        "answer": ["3", "12"]})
+    runs = {}
+    for empty in (True, False):
+        if empty:
+            monkeypatch.setattr(distill_loop, "demonstration_contexts", lambda prompts, *a: [[] for _ in prompts])
+        else:
+            monkeypatch.undo()
+        model = tiny_model(tok)
+        before = [p.detach().clone() for p in model.parameters()]
+        cfg = cfg_of(objective, distill_teacher="self_demonstration", steps=1, lr=1e-2)
+        row = distill_loop.train_distill(model, tok, cfg, train, teacher=None).rows[-1]
+        moved = any(not torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+        runs[empty] = (row["grad_norm"], row["kl_teacher"], moved)
+    assert runs[True] == (0.0, 0.0, False)  # the teacher is the student itself, token for token
+    assert runs[False][0] > 0 and runs[False][2]  # shown the worked answer, it is another distribution
+
+
+def test_self_distillation_settings_are_checked(tok):
+    with pytest.raises(ValueError, match="distill_teacher"):
+        cfg_of("sft", distill_teacher="self_demonstration")
+    with pytest.raises(ValueError, match="distill_teacher"):
+        cfg_of("reverse_kl", distill_teacher="self")
+    cfg = cfg_of("reverse_kl", distill_teacher="self_best_sibling", steps=1)
+    model = tiny_model(tok)
+    with pytest.raises(ValueError, match="teacher=None"):
+        distill_loop.train_distill(model, tok, cfg, datasets.Dataset.from_dict({"prompt": ["1+2="]}), teacher=model)
+    cfg = cfg_of("reverse_kl", distill_teacher="self_demonstration", steps=1)
+    with pytest.raises(ValueError, match="'completion' column"):
+        distill_loop.train_distill(model, tok, cfg, datasets.Dataset.from_dict({"prompt": ["1+2="]}), teacher=None)

@@ -27,6 +27,16 @@ def _simulated_sampler(cfg: RLConfig) -> None:
                        "renormalises the trainer's log-probs over the sampler's top-k / top-p set")
 
 
+def _distillation(cfg: RLConfig, engine: str) -> None:
+    """A distillation config is not an RL config to either bridge: its teacher replaces the reward (and a self-teacher
+    is the student behind a demonstration, TRL 1.16's experimental SDFTTrainer / SDPOTrainer, not verified here)."""
+    if cfg.distill != "none":
+        where = "distill_trl_kwargs" if engine == "trl" else "distill_verl_overrides"
+        raise _missing(f"distill={cfg.distill!r} (distill_teacher={cfg.distill_teacher!r})", "the RL trainer's "
+                       "settings would train GRPO on the task reward and drop the teacher", f"{where} maps the "
+                       "objective; a self-teacher is TRL's experimental SDFTTrainer / SDPOTrainer, not compared here")
+
+
 def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:
     """Rows per generation, per optimiser step and per forward of one rollout, and per device of each forward."""
     if not isinstance(num_processes, int) or num_processes < 1:
