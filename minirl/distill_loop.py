@@ -91,7 +91,7 @@ def best_sibling_contexts(batch, scores: Tensor, group_size: int) -> list[list[i
     """Self-distillation's best sibling for each row: the prompt and completion tokens (as sampled, padding dropped)
     of the highest-scored completion of the row's group (the first of equals), when it scored above 0; else an empty
     context (no success to learn from: the teacher is then the student, and the row gets no gradient)."""
-    P, out = batch.n_prompt_tokens, []
+    out = []
     s = torch.nan_to_num(scores.cpu(), nan=float("-inf")).view(-1, group_size)  # (N, G)
     for g, row in enumerate(s):
         best = g * group_size + int(row.argmax())

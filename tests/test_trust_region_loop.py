@@ -15,7 +15,6 @@ from helpers import tiny_model
 from minirl import config, losses, rl, rl_update, tasks, trust_region
 from minirl.interop import trl as trl_bridge
 from minirl.interop import verl as verl_bridge
-from minirl.rl_update import RLBatch
 
 D = torch.float64
 
