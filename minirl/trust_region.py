@@ -11,9 +11,10 @@ distribution, {y_t, anything else}, with p = pi(y_t) and q = mu(y_t):
 A ratio bound treats a token at q = 0.001 and one at q = 0.9 alike; these bounds do not: the rare token may double
 (p - q = 0.001) while the likely one may not move by 0.2. A token whose divergence has passed delta on the side its
 advantage pushes (p up for A > 0, p down for A < 0) gets no gradient; every other token gets REINFORCE's, weighted
-by the detached ratio, capped at ``is_cap``. Not yet a switch of the training loop (``RLConfig``): call
-``dppo_loss`` in place of ``losses.policy_loss``, or add ``sampler_log_ratio_penalty`` to it, in a loop of your
-own.
+by the detached ratio, capped at ``is_cap``. In the training loop: ``RLConfig.loss_mode`` "dppo_tv" / "dppo_kl"
+(``losses.policy_loss`` calls ``dppo_loss`` with eps_low / eps_high as the deltas and ``dppo_cap`` as the cap; the
+anchor is pi_old, the sampler's log-probs with ``pi_old="naive"``, as the paper anchors it) and ``sampler_kl_tau``
+(``rl_update.sampler_term`` adds ``sampler_log_ratio_penalty``, aggregated like the policy loss).
 """
 
 from __future__ import annotations
