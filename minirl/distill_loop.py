@@ -131,7 +131,8 @@ def train_distill(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *
         tokenizer: their tokenizer.
         cfg: an RLConfig with ``distill`` set; read: steps, prompts_per_step, group_size, max_new_tokens, temperature
             (sampling and both distributions), lr, weight_decay, max_grad_norm, micro_batch_size, adv_scale and
-            adv_eps (the mix's task advantage), distill_gamma, distill_coef, task_coef, eval_every, seed, progress.
+            adv_eps (the mix's task advantage), distill_gamma, distill_coef, task_coef, distill_teacher, eval_every,
+            seed, progress.
         train_data: a Dataset with a ``prompt`` column and what the reward reads.
         eval_data: optional held-out Dataset, evaluated before training, every ``eval_every`` steps and at the end.
         teacher: the frozen teacher (``load_teacher``); never trained. None with a self-teacher
