@@ -20,7 +20,8 @@ Every module, by layer:
   precision (mixed precision, train mode, checkpointing), memory (memory_plan: a step's peak, predicted), lora
   (LoRA through peft; the reference: the adapter switched off, or a frozen copy of a caller's trained one).
 - the loops, one stage per file: config, warm_start, rl, rl_update (stage 4: one optimiser step on a minibatch),
-  rl_offpolicy (the loop's stale and truncated samplers),
+  rl_offpolicy (the loop's stale and truncated samplers), multiturn (episodes: an environment answers the model's
+  turns; its tokens are read, never trained on),
   checkpoint (checkpoints, exact resume, the saved policy), distill_loop (a teacher grades the student's tokens),
   preference_loop, preference_data, evaluation, entropy_control (the entropy switches in the update), history,
   tracking (TensorBoard beside metrics.jsonl), plots, sweep (grids of arms x seeds), bench, interop (TRL and verl),

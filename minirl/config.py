@@ -30,7 +30,8 @@ DISTILL_OBJECTIVES = ("none", "reverse_kl", "full_reverse_kl", "sft")
 #: sibling (self-distillation: ``distill_loop``).
 DISTILL_TEACHERS = ("external", "self_demonstration", "self_best_sibling")
 #: RLConfig fields the distillation loop does not read: with ``distill`` set they must keep their defaults.
-DISTILL_UNREAD = ("dppo_cap", "sampler_kl_tau", "ref_reset_every", "precision", "gradient_checkpointing",
+DISTILL_UNREAD = ("dppo_cap", "sampler_kl_tau", "ref_reset_every", "max_turns", "mask_observations", "precision",
+                  "gradient_checkpointing",
                   "sampler_dtype", "sampler_logit_noise", "sampler_router_noise",
                   "pi_old", "is_correction", "routing_replay", "overlong_shaping", "overlong_filter",
                   "router_aux_loss_coef", "checkpoint_every", "kl_placement", "adaptive_kl", "top_k", "top_p",
@@ -105,7 +106,10 @@ class RLConfig:
     steps: int = 60  # RL steps (one rollout each)
     prompts_per_step: int = 8  # prompts per rollout; the batch is prompts_per_step * group_size completions
     group_size: int = 8  # G, completions per prompt
-    max_new_tokens: int = 40  # completion budget (L_max of DAPO's overlong shaping)
+    max_new_tokens: int = 40  # completion budget (L_max of DAPO's overlong shaping); with an environment, per turn
+    max_turns: int = 1  # model turns of a multi-turn episode (train_rl's env_factory; multiturn.py); 1: one turn
+    mask_observations: bool = True  # multi-turn: the environment's tokens carry no loss (False reproduces the bug
+    # of training on them, for the positive control of lesson 14; no engine offers it)
     temperature: float = 1.0  # sampling temperature, also used for every log-prob
     lr: float = 1e-4  # policy learning rate (AdamW); the tiny models collapse from about 3e-4 up
     weight_decay: float = 0.0
@@ -243,6 +247,8 @@ class RLConfig:
         distillation objective, which only ``distill_loop.train_distill`` (with its teacher) runs."""
         choice("advantage", self.advantage, ("group", "gae", *advantages.ESTIMATORS))
         self.validate_trust_region()
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise ValueError(f"max_turns must be an int >= 1, got {self.max_turns!r}")
         choice("adv_scale", self.adv_scale, advantages.SCALES)
         if self.advantage in advantages.ESTIMATORS and self.adv_scale != "none":
             raise ValueError(f"adv_scale={self.adv_scale!r} applies to advantage='group' only; "

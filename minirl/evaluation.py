@@ -138,13 +138,17 @@ def show_completions(models: dict, tokenizer, dataset, max_new_tokens: int, *, s
     return rows
 
 
+def eval_due(cfg, step: int) -> bool:
+    """Whether the loops evaluate after ``step``: before training (0), every cfg.eval_every steps, and at the end."""
+    return step == 0 or step == cfg.steps or bool(cfg.eval_every and step % cfg.eval_every == 0)
+
+
 def eval_metrics(model, tokenizer, eval_data, cfg, step: int, reward_fn=None, *, reward_kwargs: dict | None = None
                  ) -> dict:
     """Held-out metrics the training loops log before training (step 0), every cfg.eval_every steps and at the end:
     accuracy sampled at cfg.temperature (with its standard error over completions and over prompts; the two are equal
     with one sample per prompt) and greedy. {} without eval data or when ``step`` is not on that schedule."""
-    due = step == 0 or step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0)
-    if eval_data is None or not due:
+    if eval_data is None or not eval_due(cfg, step):
         return {}
     rows = getattr(cfg, "generation_batch_size", None)  # RLConfig's run sizes and precision; PrefConfig has none
     with autocast(model, getattr(cfg, "precision", "fp32")):

@@ -33,11 +33,11 @@ from torch import Tensor
 from tqdm import tqdm  # plain text bars: no widget warnings in notebooks
 
 from . import advantages as adv
-from . import (checkpoint, decoding, entropy_control, group_filter, importance, kl, lora, models, precision, rewards,
-               rl_offpolicy, rollout, tasks, tracking)
+from . import (checkpoint, decoding, entropy_control, group_filter, importance, kl, lora, models, multiturn, precision,
+               rewards, rl_offpolicy, rollout, tasks, tracking)
 from .checks import choice, zero_outside
 from .config import PROGRESS_INTERVAL, RLConfig, set_seed
-from .evaluation import eval_metrics
+from .evaluation import eval_due, eval_metrics
 from .history import History
 from .moe import Routes, record_routing, replay_routing, routers
 from .rl_update import (RLBatch, current_logprobs, kl_loss_term, loss_denominator, minibatches,  # noqa: F401
@@ -47,7 +47,8 @@ from .rl_update import (RLBatch, current_logprobs, kl_loss_term, loss_denominato
 
 def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, reward_fn=None,
              reward_weights=None, ref_model=None, critic=None, callback: Callable[[int, dict], None] | None = None,
-             output_dir: str | Path | None = None, resume_from: str | Path | None = None) -> History:
+             output_dir: str | Path | None = None, resume_from: str | Path | None = None,
+             env_factory=None) -> History:
     """Train ``model`` in place with the algorithm that ``cfg`` describes; return the per-step History.
 
     Args:
@@ -68,6 +69,9 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         output_dir: where the policy is saved at the end (``policy/``, ``save_pretrained``; under LoRA the adapter),
             a checkpoint every ``cfg.checkpoint_every`` steps (``checkpoint-N/``), TensorBoard's events; None: none.
         resume_from: a ``checkpoint-N`` folder: continue its run from step N + 1 exactly (``checkpoint.resume``).
+        env_factory: multi-turn episodes: a callable returning a fresh environment per episode; each rollout is
+            ``multiturn.generate_episodes`` (up to ``cfg.max_turns`` turns), scored by the environment's rewards,
+            evaluated as episodes. None: one turn, scored by ``reward_fn``.
 
     Returns:
         History with one row per step (and held-out metrics on the rows where they were measured).
@@ -77,7 +81,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
             count, a non-number, NaN or inf (``rewards.score_completions``); for PPO's critic, a completion that
             every reward function returned None for; right padding (``rollout.check_tokenizer``); weights not float32
             under "fp32" or "bf16-autocast" (``precision.prepare``); checkpoint_every or report_to without output_dir,
-            a checkpoint of another run there or resumed (``checkpoint``). RuntimeError: dynamic sampling ran out.
+            a checkpoint of another run there or resumed (``checkpoint``); with ``env_factory``, a setting that
+            episodes do not support (``multiturn_settings``). RuntimeError: dynamic sampling ran out.
 
     Source: PPO, Schulman et al. 2017, algorithm 1 (RLHF form: Ouyang et al. 2022); GRPO, Shao et al. 2024,
     algorithm 1; DAPO, Yu et al. 2025, algorithm 1.
@@ -89,6 +94,7 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         routers(model)  # raises ValueError for a model without MoE routers: no load to balance
     if "prompt" not in train_data.column_names:
         raise ValueError(f"train_data needs a 'prompt' column, got columns {train_data.column_names}")
+    multiturn_settings(cfg, env_factory, reward_fn)
     reward_fn = reward_fn or tasks.running_sums_reward
     run = checkpoint.prepare_run(output_dir, resume_from, checkpoint_every=cfg.checkpoint_every, model=model,
                                  train_data=train_data, reward_fn=reward_fn, reward_weights=reward_weights)
@@ -107,8 +113,8 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
                                                  ref_model=ref_model, critic=critic, run=run)
         rl_offpolicy.resume_sampler(sampler, model, start, cfg)  # the trainer's weights: exact where it reloads
     elif eval_data is not None:
-        history.log(step=0, **eval_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn,
-                                           reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
+        history.log(step=0, **held_out_metrics(model, tokenizer, eval_data, cfg, 0, reward_fn, env_factory,
+                                               reward_kwargs={"trainer_state": TrainerState(0, cfg.steps)}))
     for step in tqdm(range(start + 1, cfg.steps + 1), desc=cfg.algo, disable=not cfg.progress,
                      mininterval=PROGRESS_INTERVAL):
         t0 = time.time()
@@ -117,20 +123,17 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         reward_kwargs = {"trainer_state": TrainerState(global_step=step - 1, max_steps=cfg.steps),
                          "log_metric": metric_logger(logged)}
         batch, scores, gen_stats = collect(sampler, tokenizer, train_data, cfg, reward_fn=reward_fn,
-                                           reward_weights=reward_weights, gen=gen, reward_kwargs=reward_kwargs)
+                                           reward_weights=reward_weights, gen=gen, reward_kwargs=reward_kwargs,
+                                           env_factory=env_factory)
         old_logprobs, ref_logprobs, routes = behaviour_logprobs(model, ref_model, batch, cfg, source=source)
-        mask = batch.completion_mask  # (B, T)
         total_rewards = shape_rewards(scores, batch, cfg)  # (B,) + overlong shaping
-        kl_tokens = None  # (B, T) the KL estimate to the reference, computed once per step
-        if ref_logprobs is not None:  # with source "current" (no pi_old forward) it reads the sampler's
-            kl_tokens = kl.kl_estimate(batch.sampler_logprobs if old_logprobs is None else old_logprobs, ref_logprobs,
-                                       estimator=cfg.kl_estimator, mask=mask)  # 0 on padding
+        kl_tokens = reference_kl(batch, old_logprobs, ref_logprobs, cfg)  # (B, T) or None, once per step
         t_gen = time.time() - t0
         # 3. advantages: (B,) group-relative, or (B, T) per token (GAE, or a KL penalty in the reward)
         advantages, returns, old_values = compute_advantages(total_rewards, kl_tokens, batch, cfg, beta=beta,
                                                              critic=critic, reward_weights=reward_weights)
         rl_batch = RLBatch(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                           n_prompt_tokens=batch.n_prompt_tokens, completion_mask=mask,
+                           n_prompt_tokens=batch.n_prompt_tokens, completion_mask=batch.completion_mask,
                            loss_mask=loss_mask(batch, cfg), old_logprobs=old_logprobs, advantages=advantages,
                            ref_logprobs=ref_logprobs, old_values=old_values, returns=returns, routes=routes,
                            sampler_logprobs=batch.sampler_logprobs, kept=batch.kept)
@@ -138,25 +141,20 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
         t_opt = time.time()
         stats = [update_minibatch(model, optimizer, rl_batch[rows], cfg, beta=beta, critic=critic, ent=ent)
                  for _ in range(cfg.num_iterations) for rows in minibatches(len(rl_batch), cfg, gen)]
-        rl_offpolicy.sync_if_due(sampler, model, step, cfg)  # the sampler reloads the weights, as an engine does
-        if cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
-            reset_reference(ref_model, model)  # the next step's KL is measured from here: 0 at its start
+        after_updates(step, cfg, model=model, sampler=sampler, ref_model=ref_model)  # reloads, reference reset
         t_opt = time.time() - t_opt
         # 5. log
         row = step_metrics(step, stats, scores=scores, total_rewards=total_rewards, batch=batch, kl_tokens=kl_tokens,
                            gen_stats=gen_stats, beta=beta, old_values=old_values, returns=returns,
                            seconds=time.time() - t0, t_gen=t_gen, t_opt=t_opt)
-        row.update(rewards.reward_metrics(reward_fn, batch.rewards_per_func, logged))  # rewards/<name>/mean, ...
-        row.update(rl_offpolicy.staleness_metrics(step, cfg, batch, old_logprobs))  # with sampler_sync_every > 1
-        if source == "recomputed" and sampler is not model:  # the sampler/trainer gap, as the engines log it
-            row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
-                old_logprobs, batch.sampler_logprobs, mask, correction=cfg.is_correction, cap=cfg.is_cap,
-                cap_low=cfg.is_cap_low, form=cfg.is_seq_form).items()})
+        if env_factory is None:
+            row.update(rewards.reward_metrics(reward_fn, batch.rewards_per_func, logged))  # rewards/<name>/mean, ...
+        row.update(sampler_metrics(step, cfg, batch, old_logprobs, gap=source == "recomputed" and sampler is not model))
         if cfg.adaptive_kl and kl_tokens is not None:
             beta = kl.adaptive_kl_beta(beta, row["kl_ref_seq"], target_kl=cfg.target_kl, horizon=cfg.kl_horizon,
                                     n_samples=len(rl_batch))
-        row.update(eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn,
-                                reward_kwargs={"trainer_state": reward_kwargs["trainer_state"]}))
+        row.update(held_out_metrics(model, tokenizer, eval_data, cfg, step, reward_fn, env_factory,
+                                    reward_kwargs={"trainer_state": reward_kwargs["trainer_state"]}))
         if callback is not None:
             callback(step, row)  # before logging: what the callback adds to the row is logged with it
         history.log(**row)
@@ -170,6 +168,42 @@ def train_rl(model, tokenizer, cfg: RLConfig, train_data, eval_data=None, *, rew
 
 
 # ------------------------------------------------------------------------------------------------ setup
+def multiturn_settings(cfg: RLConfig, env_factory, reward_fn) -> None:
+    """Raise ValueError for what multi-turn episodes (``env_factory``) do not support, naming it: a reward function
+    beside the environment's rewards, GAE or a KL penalty in the reward (per-token advantages over an episode are
+    ``multiturn.episode_gae``, not wired into the loop), a truncating sampler, routing replay from the sampler's
+    routes, a generation batch size; and the multi-turn settings without an environment."""
+    if env_factory is None:
+        if cfg.max_turns != 1 or not cfg.mask_observations:
+            raise ValueError(f"max_turns={cfg.max_turns} and mask_observations={cfg.mask_observations} are settings "
+                             f"of multi-turn episodes: pass env_factory= (multiturn.py), or keep 1 and True")
+        return
+    refused = {"reward_fn (the environment's rewards are the scores)": reward_fn is not None,
+               "advantage='gae' (multiturn.episode_gae is not wired into the loop)": cfg.advantage == "gae",
+               "kl_placement='reward' with beta > 0": cfg.beta > 0 and cfg.kl_placement == "reward",
+               "top_k / top_p": cfg.top_k > 0 or cfg.top_p < 1.0,
+               "routing_replay with replay_source='sampler'": cfg.routing_replay and cfg.replay_source == "sampler",
+               "generation_batch_size": cfg.generation_batch_size is not None}
+    named = [name for name, on in refused.items() if on]
+    if named:
+        raise ValueError(f"multi-turn episodes (env_factory) do not support {named}")
+
+
+def held_out_metrics(model, tokenizer, eval_data, cfg: RLConfig, step: int, reward_fn, env_factory, *,
+                     reward_kwargs: dict) -> dict:
+    """The held-out evaluation on its schedule (``evaluation.eval_due``): one turn scored by ``reward_fn``
+    (``eval_metrics``), or with an environment its episodes (``multiturn.evaluate_episodes``, prefixed
+    ``eval_episode_``: first-try and final accuracy, reward, turns, model tokens)."""
+    if env_factory is None:
+        return eval_metrics(model, tokenizer, eval_data, cfg, step, reward_fn, reward_kwargs=reward_kwargs)
+    if eval_data is None or not eval_due(cfg, step):
+        return {}
+    m = multiturn.evaluate_episodes(model, tokenizer, eval_data, env_factory, cfg.max_new_tokens,
+                                    max_turns=cfg.max_turns, samples_per_prompt=cfg.eval_samples_per_prompt,
+                                    temperature=cfg.temperature, seed=cfg.seed)
+    return {f"eval_episode_{k}": v for k, v in m.items()}
+
+
 def reference_model(model, ref_model, cfg: RLConfig):
     """The frozen reference: the one given, or, when beta > 0 needs one, a copy of the policy as handed in (LoRA:
     ``lora.reference``, the adapter switched off or a caller's adapter copied, no second base); None otherwise."""
@@ -206,7 +240,8 @@ def metric_logger(store: dict) -> Callable[[str, float], None]:
 
 
 def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_weights, gen: torch.Generator,
-            reward_kwargs: dict | None = None, min_new_tokens: int = 0) -> tuple[rollout.Rollout, Tensor, dict]:
+            reward_kwargs: dict | None = None, min_new_tokens: int = 0, env_factory=None
+            ) -> tuple[rollout.Rollout, Tensor, dict]:
     """Stages 1-2: prompts_per_step groups of G completions and their (B,) scores, with dynamic sampling
     (DAPO) when switched on: rounds of sampling and scoring until prompts_per_step groups have signal.
 
@@ -223,6 +258,16 @@ def collect(model, tokenizer, train_data, cfg: RLConfig, *, reward_fn, reward_we
 
     def one_round(_round: int, n_prompts: int) -> tuple[Tensor, tuple[rollout.Rollout, Tensor]]:
         rows = train_data.select(torch.randint(len(train_data), (n_prompts,), generator=gen).tolist())
+        if env_factory is not None:  # multi-turn episodes: the environment's rewards are the scores
+            with precision.autocast(model, cfg.precision):
+                r = multiturn.generate_episodes(model, tokenizer, rows, env_factory, G, cfg.max_new_tokens,
+                                                max_turns=cfg.max_turns, temperature=cfg.temperature)
+            if not cfg.mask_observations:  # the positive control's bug: the environment's tokens in the loss
+                r.completion_mask = r.attention_mask[:, r.n_prompt_tokens:].float()
+            r.columns = rollout.dataset_columns(rows, r.prompt_index)
+            s = r.episode_rewards.clone()
+            r.rewards_per_func = s.unsqueeze(1)
+            return s, (r, s)
         with precision.autocast(model, cfg.precision):
             r = decoding.generate(model, tokenizer, rows["prompt"], G, cfg.max_new_tokens,
                                  temperature=cfg.temperature, recompute_logprobs=False,  # pi_old: behaviour_logprobs
@@ -290,6 +335,37 @@ def pi_old_source(cfg: RLConfig, *, sampler_is_trainer: bool) -> str:
 
 
 @torch.no_grad()
+def reference_kl(batch: rollout.Rollout, old_logprobs: Tensor | None, ref_logprobs: Tensor | None, cfg: RLConfig
+                 ) -> Tensor | None:
+    """(B, T) the step's KL estimate to the reference (0 on padding), None without a reference; with pi_old source
+    "current" (no pi_old forward) it reads the sampler's log-probs."""
+    if ref_logprobs is None:
+        return None
+    return kl.kl_estimate(batch.sampler_logprobs if old_logprobs is None else old_logprobs, ref_logprobs,
+                          estimator=cfg.kl_estimator, mask=batch.completion_mask)
+
+
+def after_updates(step: int, cfg: RLConfig, *, model, sampler, ref_model) -> None:
+    """After a step's updates: the sampler reloads the weights when due (``rl_offpolicy.sync_if_due``, as an engine
+    does), and the reference is reset to the policy every ``cfg.ref_reset_every`` steps (the next step's KL is
+    measured from here: 0 at its start)."""
+    rl_offpolicy.sync_if_due(sampler, model, step, cfg)
+    if cfg.ref_reset_every and step % cfg.ref_reset_every == 0:
+        reset_reference(ref_model, model)
+
+
+def sampler_metrics(step: int, cfg: RLConfig, batch: rollout.Rollout, old_logprobs: Tensor | None, *, gap: bool
+                    ) -> dict:
+    """The sampler's metrics: its staleness (``sampler_sync_every`` > 1) and, with ``gap`` (a recomputed pi_old and
+    a sampler that is not the trainer), its gap to pi_old as the engines log it (``mismatch_*``)."""
+    row = rl_offpolicy.staleness_metrics(step, cfg, batch, old_logprobs)
+    if gap:
+        row.update({f"mismatch_{k}": v for k, v in importance.mismatch_metrics(
+            old_logprobs, batch.sampler_logprobs, batch.completion_mask, correction=cfg.is_correction,
+            cap=cfg.is_cap, cap_low=cfg.is_cap_low, form=cfg.is_seq_form).items()})
+    return row
+
+
 def reset_reference(ref_model, model) -> None:
     """Copy the policy's weights into the reference (``RLConfig.ref_reset_every``): the KL penalty then anchors on
     where the policy is now, not where it started. TRL's ``sync_ref_model`` with ``ref_model_mixup_alpha`` 1.

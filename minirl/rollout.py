@@ -52,6 +52,10 @@ class Rollout:
         kept: (B, T, V) bool, the top-k / top-p sampler's kept set at each position (``truncation.kept_mask``),
             all True after EOS; None when the sampler does not truncate. B x T x V bytes: small here, 1.6 GB for
             64 x 160 tokens at V = 151,936 (a real run would keep the kept ids, or the boundary logit, instead).
+        author, turn, turn_rewards, episode_rewards: a multi-turn episode's (``multiturn.generate_episodes``): (B, T)
+            1 where the model wrote the token and 0 where the environment did; (B, T) the turn of each token;
+            (B, K) each model turn's reward; (B,) their sum. None for single-turn rollouts. In an episode
+            ``completion_mask`` is the model's tokens only, and the attention mask every real token.
     """
 
     input_ids: Tensor
@@ -70,6 +74,10 @@ class Rollout:
     sampler_routes: object = None
     rewards_per_func: Tensor | None = None
     kept: Tensor | None = None
+    author: Tensor | None = None
+    turn: Tensor | None = None
+    turn_rewards: Tensor | None = None
+    episode_rewards: Tensor | None = None
 
     @property
     def n_prompt_tokens(self) -> int:
@@ -333,7 +341,17 @@ def select_groups(rollout: Rollout, groups: Sequence[int]) -> Rollout:
         sampler_routes=None if rollout.sampler_routes is None else rollout.sampler_routes.select(rows),
         rewards_per_func=None if rollout.rewards_per_func is None else rollout.rewards_per_func[rows.cpu()],
         kept=None if rollout.kept is None else rollout.kept[rows],
+        **{name: _rows(getattr(rollout, name), rows) for name in EPISODE_FIELDS},
     )
+
+
+#: The fields of a multi-turn episode (``multiturn.generate_episodes``), None for single-turn rollouts.
+EPISODE_FIELDS = ("author", "turn", "turn_rewards", "episode_rewards")
+
+
+def _rows(x: Tensor | None, rows: Tensor) -> Tensor | None:
+    """``x[rows]`` on x's own device (turn rewards live on the CPU), or None."""
+    return None if x is None else x[rows.to(x.device)]
 
 
 def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
@@ -366,7 +384,14 @@ def concat(rollouts: Sequence[Rollout], pad_token_id: int) -> Rollout:
     for r in rollouts:  # prompt indices stay unique across rounds
         out_index.append(r.prompt_index - r.prompt_index.min() + offsets)
         offsets += int(r.prompt_index.max() - r.prompt_index.min()) + 1
-    return Rollout(**{k: torch.cat(v) for k, v in parts.items()}, truncated=torch.cat([r.truncated for r in rollouts]),
+    episode = {}
+    if rollouts[0].author is not None:  # multi-turn episodes: the per-token fields right-padded like the completion
+        episode = dict(author=torch.cat([pad(r.author, 0, T - r.author.shape[1], 0) for r in rollouts]),
+                       turn=torch.cat([pad(r.turn, 0, T - r.turn.shape[1], 0) for r in rollouts]),
+                       turn_rewards=torch.cat([r.turn_rewards for r in rollouts]),
+                       episode_rewards=torch.cat([r.episode_rewards for r in rollouts]))
+    return Rollout(**{k: torch.cat(v) for k, v in parts.items()}, **episode,
+                   truncated=torch.cat([r.truncated for r in rollouts]),
                    prompt_index=torch.cat(out_index), completions=[c for r in rollouts for c in r.completions],
                    group_size=rollouts[0].group_size, routes=routes, prompts=[p for r in rollouts for p in r.prompts],
                    columns={k: [v for r in rollouts for v in r.columns[k]] for k in rollouts[0].columns},

@@ -37,6 +37,21 @@ def _distillation(cfg: RLConfig, engine: str) -> None:
                        "objective; a self-teacher is TRL's experimental SDFTTrainer / SDPOTrainer, not compared here")
 
 
+def _episodes(cfg: RLConfig, engine: str) -> None:
+    """Multi-turn episodes (``max_turns`` > 1, ``mask_observations``) have no mapped form in either engine."""
+    if not cfg.mask_observations:
+        raise _missing("mask_observations=False", "it trains on the environment's tokens, the bug lesson 14 measures; "
+                       "TRL masks them with tool_mask and verl with its response mask, always")
+    if cfg.max_turns > 1:
+        why = {"trl": "TRL 1.16's environment_factory continues an episode only through tool calls that the chat "
+                      "template parses (max_tool_calling_iterations); an environment that answers every turn (a retry "
+                      "with feedback) has no TRL form. Its loss on the same episodes is minirl's (tool_mask: "
+                      "tests/test_multiturn_trl.py)",
+               "verl": "verl 0.9.1's agent loop (actor_rollout_ref.rollout.multi_turn) is configured by its own tool "
+                       "and interaction YAML files, not mapped or compared here"}[engine]
+        raise _missing(f"max_turns={cfg.max_turns}", why)
+
+
 def _layout(cfg: RLConfig, num_processes: int = 1) -> dict:
     """Rows per generation, per optimiser step and per forward of one rollout, and per device of each forward."""
     if not isinstance(num_processes, int) or num_processes < 1:

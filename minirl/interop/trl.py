@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..config import RLConfig
 from ..preference_loop import PrefConfig
 from . import real_model
-from ._common import _distillation, _layout, _missing, _simulated_sampler
+from ._common import _distillation, _episodes, _layout, _missing, _simulated_sampler
 
 #: The TRL version the mapping and the equivalence tests were checked against (pyproject's [trl] extra bounds it).
 TRL_VERSION = "1.16"
@@ -133,6 +133,7 @@ def trl_kwargs(cfg: RLConfig, without: tuple[str, ...] | list[str] = (), *, num_
     """
     cfg.validate()
     _distillation(cfg, "trl")
+    _episodes(cfg, "trl")
     unknown = set(without) - set(DROPPABLE)
     if unknown:
         raise ValueError(f"without= may name only {DROPPABLE}, got {sorted(unknown)}")

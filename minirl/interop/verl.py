@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..config import RLConfig
 from . import real_model
-from ._common import _distillation, _layout, _missing, _simulated_sampler
+from ._common import _distillation, _episodes, _layout, _missing, _simulated_sampler
 
 #: The verl tag whose option names ``to_verl`` writes.
 VERL_VERSION = "0.9.1"
@@ -58,6 +58,7 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     """
     cfg.validate()
     _distillation(cfg, "verl")
+    _episodes(cfg, "verl")
     _simulated_sampler(cfg)
     if cfg.off_policy_mask_threshold is not None:  # verl's rejection masks both signs, on pi_old / mu, not pi / mu
         raise _missing("off_policy_mask_threshold", "verl 0.9.1's nearest, algorithm.rollout_correction.rollout_rs="
