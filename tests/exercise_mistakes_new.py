@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from minirl import distill, entropy, kl, losses, stale_corrections
+from minirl import distill, entropy, kl, losses, multiturn, stale_corrections
 from minirl.exercises import _reference
 
 
@@ -409,6 +409,47 @@ def opm_nan_on_empty(lp, mu, adv, mask, threshold):
     return ((adv >= 0) | (stat <= threshold)).float()  # NaN <= threshold is False: the empty row is dropped
 
 
+def _gae_rows(rewards, values, mask, *, gamma, lam, reset_at_holes):
+    """GAE along each row's columns where ``mask`` is 1 ... the helper of the episode_gae mistakes below."""
+    adv, ret = torch.zeros(rewards.shape), torch.zeros(rewards.shape)
+    for b in range(rewards.shape[0]):
+        next_v, next_a = 0.0, 0.0
+        for t in reversed(range(rewards.shape[1])):
+            if mask[b, t] <= 0:
+                if reset_at_holes:
+                    next_v, next_a = 0.0, 0.0
+                continue
+            v = float(values[b, t].detach())
+            a = float(rewards[b, t]) + gamma * next_v - v + gamma * lam * next_a
+            adv[b, t], ret[b, t], next_v, next_a = a, a + v, v, a
+    return adv, ret
+
+
+def egae_observations_as_steps(rewards, values, model_mask, *, gamma=1.0, lam=0.95):
+    """The recursion through every token up to the row's last model token: observations read as steps."""
+    last = [int((model_mask[b] > 0).nonzero().max()) + 1 if (model_mask[b] > 0).any() else 0
+            for b in range(len(model_mask))]
+    span = torch.tensor([[1.0 if t < n else 0.0 for t in range(model_mask.shape[1])] for n in last])
+    adv, ret = _gae_rows(rewards, values, span, gamma=gamma, lam=lam, reset_at_holes=True)
+    return adv * model_mask, ret * model_mask
+
+
+def egae_observation_ends_episode(rewards, values, model_mask, *, gamma=1.0, lam=0.95):
+    """Plain GAE's loop with the mask's holes as episode ends (value and advantage 0 there)."""
+    return _gae_rows(rewards, values, model_mask, gamma=gamma, lam=lam, reset_at_holes=True)
+
+
+def egae_not_zeroed(rewards, values, model_mask, *, gamma=1.0, lam=0.95):
+    """The right advantages on the model's tokens, the values left standing elsewhere."""
+    adv, ret = _gae_rows(rewards, values, model_mask, gamma=gamma, lam=lam, reset_at_holes=False)
+    return adv, torch.where(model_mask > 0, ret, values.detach())
+
+
+def egae_values_not_detached(rewards, values, model_mask, *, gamma=1.0, lam=0.95):
+    adv, ret = _gae_rows(rewards, values, model_mask, gamma=gamma, lam=lam, reset_at_holes=False)
+    return adv + 0 * values.sum(), ret  # a graph through the critic's values
+
+
 MISTAKES = [
     # (exercise, mistake name, wrong implementation, substring of the expected hint)
     ("gmpo_loss", "min for every sign (the sign error for A < 0)", gmpo_min_for_every_sign,
@@ -470,6 +511,10 @@ MISTAKES = [
     ("off_policy_sequence_mask", "mean over the padded length", opm_over_T, "padded length T"),
     ("off_policy_sequence_mask", "threshold inclusive", opm_inclusive, "exactly at the threshold is kept"),
     ("off_policy_sequence_mask", "NaN for an empty row", opm_nan_on_empty, "counts as on-policy"),
+    ("episode_gae", "observations as the policy's steps", egae_observations_as_steps, "as if they were the policy's"),
+    ("episode_gae", "an observation ends the episode", egae_observation_ends_episode, "across the observation"),
+    ("episode_gae", "values left at the environment's tokens", egae_not_zeroed, "0 at the environment's tokens"),
+    ("episode_gae", "values not detached", egae_values_not_detached, "constants"),
 ]
 
 
@@ -484,6 +529,7 @@ MINIRL = {
     "full_reverse_kl": distill.full_reverse_kl,
     "decoupled_ppo_terms": stale_corrections.decoupled_ppo_terms,
     "off_policy_sequence_mask": stale_corrections.off_policy_sequence_mask,
+    "episode_gae": multiturn.episode_gae,
 }
 
 

@@ -963,11 +963,11 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """Every chapter 00 and 02-12 has exercises (10, the bridge to TRL, one; the others 2-6); every exercise has a
-    reference solution in a notebook here."""
+    """Every chapter 00 and 02-12 has exercises (10, the bridge to TRL, and 14, multi-turn, one; the others 2-6);
+    every exercise has a reference solution in a notebook here."""
     names = exercises.list_exercises()
     assert len(names) >= 33
-    assert len(exercises.list_exercises("10")) >= 1
+    assert len(exercises.list_exercises("10")) >= 1 and len(exercises.list_exercises("14")) >= 1
     for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12"):
         assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)

@@ -276,3 +276,15 @@ def test_rollout_helpers_keep_the_episode_fields(episodes):
     assert torch.equal(picked.author, r.author[4:]) and torch.equal(picked.turn_rewards, r.turn_rewards[4:])
     both = rollout.concat([rollout.select_groups(r, [0]), picked], 0)
     assert torch.equal(both.author, r.author) and torch.equal(both.episode_rewards, r.episode_rewards)
+
+
+def test_the_checkers_episode_gae_copy_agrees_with_minirl():
+    from minirl.exercises import _reference
+
+    g = torch.Generator().manual_seed(5)
+    r, v = torch.randn(5, 9, generator=g), torch.randn(5, 9, generator=g)
+    mask = (torch.rand(5, 9, generator=g) > 0.4).float()
+    for gamma, lam in ((1.0, 0.95), (0.9, 0.7)):
+        for mine, key in zip(multiturn.episode_gae(r, v, mask, gamma=gamma, lam=lam),
+                             _reference.episode_gae(r, v, mask, gamma=gamma, lam=lam), strict=True):
+            torch.testing.assert_close(mine, key)

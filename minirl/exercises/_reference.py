@@ -283,3 +283,15 @@ def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, th
     log_r = torch.where(m, sampler_logprobs.detach() - logprobs.detach(), 0.0)  # log mu - log pi
     mean_log_r = log_r.sum(-1) / m.sum(-1).clamp(min=1)
     return ((advantages >= 0) | (mean_log_r <= threshold)).to(logprobs.dtype)
+
+
+def episode_gae(rewards, values, model_mask, *, gamma=1.0, lam=0.95):
+    # row by row: the model's tokens taken out in order, plain GAE on them, put back; 0 everywhere else
+    adv, ret = torch.zeros(rewards.shape), torch.zeros(rewards.shape)
+    for b in range(rewards.shape[0]):
+        cols = (model_mask[b] > 0).nonzero().flatten()
+        if len(cols):
+            a, r = gae(rewards[b, cols][None], values[b, cols].detach()[None], torch.ones(1, len(cols)), gamma=gamma,
+                       lam=lam)
+            adv[b, cols], ret[b, cols] = a[0], r[0]
+    return adv, ret
