@@ -150,7 +150,7 @@ def test_one_turn_training_is_todays_single_turn_step_bit_for_bit(tok, algo):
     assert all(torch.equal(p, q) for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True))
 
 
-# --- the masks: the environment's tokens get exactly zero gradient -----------------------------------------------------
+# --- the masks: the environment's tokens get exactly zero gradient ----------------------------------------------------
 def logit_grads(model, r, cfg):
     """The gradient of one update_minibatch on episode rollout ``r`` w.r.t. the LM head's output (b, L, V)."""
     captured = []

@@ -41,12 +41,13 @@ def episode_batch(tok):
     completion_ids = torch.tensor([r + [tok.pad_token_id] * (T - len(r)) for r in ids])
     valid = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in ids])
     tool_mask = torch.tensor([w + [1] * (T - len(w)) for w in author])  # TRL pads its tool_mask with 1
-    return dict(prompt_ids=enc.input_ids.repeat_interleave(G, 0), prompt_mask=enc.attention_mask.repeat_interleave(G, 0),
-                completion_ids=completion_ids, valid=valid, tool_mask=tool_mask)
+    return dict(prompt_ids=enc.input_ids.repeat_interleave(G, 0),
+                prompt_mask=enc.attention_mask.repeat_interleave(G, 0), completion_ids=completion_ids, valid=valid,
+                tool_mask=tool_mask)
 
 
 @pytest.mark.parametrize("algo", ["grpo", "dr_grpo", "dapo", "cispo"])
-def test_episodes_loss_and_gradient_match_trls_tool_mask(algo, tok, base_model, tmp_path):
+def test_episodes_loss_and_gradient_match_trls_tool_mask(algo, tok, base_model, tmp_path):  # noqa: F811
     extra = dict(dynamic_sampling=False, overlong_shaping=False) if algo == "dapo" else {}
     cfg = config.make_config(algo, num_minibatches=1, num_iterations=3, prompts_per_step=2, group_size=G,
                              max_new_tokens=24, max_grad_norm=1e9, **extra)  # no clipping: raw gradients
