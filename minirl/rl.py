@@ -7,8 +7,10 @@ The presets: PPO (``ppo``), GRPO (``grpo``), Dr. GRPO (``dr_grpo``), DAPO (``dap
 
 Every step runs five stages, each a few lines that call a named function defined below in reading order:
 
-  1. rollout     G completions per prompt and their behaviour log-probs (dynamic sampling repeats 1-2)
-  2. reward      the reward functions' scores (+ DAPO's overlong shaping) (+ the KL penalty, if it is a reward)
+  1. rollout     G completions per prompt and their behaviour log-probs (dynamic sampling repeats 1-2); with an
+                 environment, G episodes of model and environment turns (``multiturn.generate_episodes``)
+  2. reward      the reward functions' scores, or the environment's (+ DAPO's overlong shaping) (+ the KL penalty,
+                 if it is a reward)
   3. advantages  group-relative (GRPO's mean/std, RLOO's leave-one-out, MaxRL's / mean, REINFORCE++'s batch
                  normalisation), or GAE with the critic
   4. optimise    epochs x minibatches of ``update_minibatch`` (rl_update.py): pg_loss + beta * kl_loss (+ value_loss);
