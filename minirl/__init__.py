@@ -9,7 +9,8 @@ Every module, by layer:
   group_filter (DAPO's dynamic sampling), preference, importance, entropy (the covariance term, Clip-Cov, KL-Cov,
   entropy bonus, pass@k), distill (on-policy distillation), truncation (top-k / top-p kept sets, the trainer's
   log-probs renormalised over them), stale_corrections (off-policy sequence masking, decoupled PPO, the staleness
-  KL), trust_region (DPPO's divergence masks: the trust region anchored on the sampler), checks (argument checks,
+  KL), trust_region (DPPO's divergence masks: the trust region anchored on the sampler), reward_models (the
+  Bradley-Terry, outcome and process losses of a learned reward; the task's gold step labels), checks (argument checks,
   numerical guards); the exact toys kl_toy, pg_toy, preference_toy, entropy_toy.
 - the model side: tasks, gsm8k (GSM8K-style answers, reward and loader), word_problems (generated GSM8K-style
   problems with exact answers and a difficulty dial), smollm2 (a real pretrained model offline: SmolLM2-135M-Instruct

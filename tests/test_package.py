@@ -19,11 +19,12 @@ from minirl.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 MATH_MODULES = ("advantages", "aggregation", "losses", "clip_alternatives", "kl", "rewards", "group_filter",
-                "preference", "importance", "entropy", "distill", "truncation", "stale_corrections", "trust_region")
+                "preference", "importance", "entropy", "distill", "truncation", "stale_corrections", "trust_region",
+                "reward_models")
 #: The math modules build on checks.py alone, except the policy losses, which share the aggregation (and losses.py
 #: dispatches to the clip alternatives and DPPO's trust region): copy those together.
-MATH_IMPORTS = {"losses": {".aggregation", ".clip_alternatives", ".trust_region"}, "clip_alternatives": {".aggregation"},
-                "trust_region": {".aggregation"}}
+MATH_IMPORTS = {"losses": {".aggregation", ".clip_alternatives", ".trust_region"},
+                "clip_alternatives": {".aggregation"}, "trust_region": {".aggregation"}}
 
 
 # --- copyable math modules ------------------------------------------------------------------------------------------

@@ -1,0 +1,134 @@
+"""The reward-model losses (minirl.reward_models) by hand, their gradients, their edge cases, the gold step labels of
+the running-sums task, and the Bradley-Terry loss against TRL 1.16's RewardTrainer (with and without its margin and
+centring terms)."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from minirl import reward_models as rm
+
+D = torch.float64
+
+
+def t(*rows):
+    return torch.tensor(rows, dtype=D)
+
+
+# paper-index: reward_models.bradley_terry_loss
+def test_bradley_terry_by_hand_and_its_gradient():
+    chosen = torch.tensor([1.0, 0.0], dtype=D, requires_grad=True)
+    loss = rm.bradley_terry_loss(chosen, t(0.0, 0.0))
+    # -(log sigmoid(1) + log sigmoid(0)) / 2 = (0.313262 + 0.693147) / 2
+    assert float(loss) == pytest.approx((math.log(1 + math.exp(-1)) + math.log(2)) / 2, abs=1e-12)
+    loss.backward()
+    # d/d r_c = -sigmoid(-(r_c - r_r)) / B = (-0.268941 / 2, -0.5 / 2)
+    sig = 1 / (1 + math.exp(1))
+    assert chosen.grad.tolist() == pytest.approx([-sig / 2, -0.25], abs=1e-12)
+    assert float(rm.bradley_terry_loss(t(1.0, 0.0), t(0.0, 0.0), margin=t(1.0, 0.0))) == pytest.approx(math.log(2))
+    centred = rm.bradley_terry_loss(t(1.0, 0.0), t(0.0, 0.0), center_coef=0.01)
+    assert float(centred) == pytest.approx(float(loss) + 0.01 * (1 + 0) / 2, abs=1e-12)
+
+
+def test_bradley_terry_sees_only_differences_and_stays_finite():
+    a = rm.bradley_terry_loss(t(1.0, -2.0), t(0.5, -3.0))
+    assert float(a) == pytest.approx(float(rm.bradley_terry_loss(t(11.0, 8.0), t(10.5, 7.0))), abs=1e-12)
+    extreme = torch.tensor([1e4, -1e4], dtype=D, requires_grad=True)
+    loss = rm.bradley_terry_loss(extreme, t(0.0, 0.0))
+    loss.backward()
+    assert math.isfinite(float(loss)) and float(loss) == pytest.approx(1e4 / 2, rel=1e-9)  # log sigmoid(-1e4) = -1e4
+    assert torch.isfinite(extreme.grad).all()
+    with pytest.raises(ValueError, match="finite"):
+        rm.bradley_terry_loss(t(math.nan), t(0.0))
+    with pytest.raises(ValueError, match="center_coef"):
+        rm.bradley_terry_loss(t(1.0), t(0.0), center_coef=-1.0)
+    with pytest.raises(ValueError, match="chosen_rewards"):
+        rm.bradley_terry_loss(t(1.0, 2.0), t(0.0))
+
+
+def test_bradley_terry_is_trls_reward_trainer_loss():
+    trl = pytest.importorskip("trl")
+    g = torch.Generator().manual_seed(0)
+    chosen, rejected = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    margin = torch.rand(6, generator=g)
+    for use_margin in (False, True):
+        for coef in (None, 0.01):
+            logits = torch.cat([chosen, rejected]).unsqueeze(-1)  # TRL chunks (2B, 1) into chosen and rejected
+            stub = SimpleNamespace(model=SimpleNamespace(training=False), args=SimpleNamespace(
+                center_rewards_coefficient=coef), accelerator=SimpleNamespace(
+                gather=lambda x: x, gather_for_metrics=lambda x: x), _metrics={"eval": {
+                    k: [] for k in ("min_reward", "mean_reward", "max_reward", "accuracy", "margin", "num_tokens")}},
+                _total_train_tokens=0, _tp_size=1)
+            inputs = {"input_ids": torch.zeros(12, 3, dtype=torch.long), "attention_mask": torch.ones(12, 3)}
+            if use_margin:
+                inputs["margin"] = margin
+            model = (lambda out: lambda **kw: out)(SimpleNamespace(logits=logits))  # returns this pass's logits
+            theirs = trl.RewardTrainer.compute_loss(stub, model, inputs)
+            ours = rm.bradley_terry_loss(chosen, rejected, margin=margin if use_margin else None, center_coef=coef)
+            assert float(ours) == pytest.approx(float(theirs), abs=1e-7), (use_margin, coef)
+
+
+# paper-index: reward_models.outcome_loss
+def test_outcome_loss_by_hand():
+    # (log 2 + log(1 + e^2)) / 2
+    assert float(rm.outcome_loss(t(0.0, 2.0), t(1.0, 0.0))) == pytest.approx(
+        (math.log(2) + math.log(1 + math.exp(2))) / 2, abs=1e-12)
+    with pytest.raises(ValueError, match="labels"):
+        rm.outcome_loss(t(0.0), t(0.5))
+
+
+# paper-index: reward_models.process_loss
+def test_process_loss_by_hand_masks_and_an_empty_batch():
+    scores, labels, mask = t([0.0, 2.0], [1.0, 9.0]), t([1.0, 1.0], [0.0, 5.0]), t([1.0, 1.0], [1.0, 0.0])
+    want = (math.log(2) + math.log(1 + math.exp(-2)) + math.log(1 + math.e)) / 3  # the masked 9 (label 5) not read
+    assert float(rm.process_loss(scores, labels, mask)) == pytest.approx(want, abs=1e-12)
+    assert float(rm.process_loss(scores, labels, torch.zeros(2, 2, dtype=D))) == 0.0
+    with pytest.raises(ValueError, match="step_labels"):
+        rm.process_loss(scores, t([1.0, 0.5], [0.0, 1.0]), mask)
+
+
+def test_gold_step_labels():
+    assert rm.step_labels("7+5+9=", "7+5=13;13+9=22#22") == [0, 0]  # after a wrong step, judged on the true total
+    assert rm.step_labels("7+5+9=", "7+5=12;12+9=22#22") == [1, 0]
+    assert rm.step_labels("7+5+9=", "7+5=12;12+9=21#21") == [1, 1]
+    assert rm.step_labels("7+5+9=", "7+5=12;x#1") == [1, 0]
+    assert rm.step_labels("3+4=", "3+4=7;7+1=8#8") == [1, 0]  # a step the problem does not have
+    with pytest.raises(ValueError, match="running sum"):
+        rm.step_labels("seven=", "7#7")
+
+
+def test_a_learned_reward_keeps_the_reward_contract(tok):
+    from helpers import tiny_model
+
+    from minirl import models
+
+    torch.manual_seed(0)
+    reward_model = models.ValueModel(tiny_model(tok))
+    torch.nn.init.normal_(reward_model.head.weight, std=0.5)  # a head that scores something
+    reward_model.train()
+    fn = rm.learned_reward(reward_model, tok, batch_size=3)
+    prompts = ["1+2=", "3+4+5=", "9+9=", "2+2=", "7+1+1="]
+    completions = ["1+2=3#3", "3+4=7;7+5=12#12", "9+9=17#17", "#4", "7+1=8;8+1=9#9"]
+    scores = fn(prompts, completions)
+    assert len(scores) == 5 and all(math.isfinite(s) for s in scores)
+    assert reward_model.training  # its mode restored
+    order = [4, 2, 0, 3, 1]
+    shuffled = fn([prompts[i] for i in order], [completions[i] for i in order])
+    assert shuffled == pytest.approx([scores[i] for i in order], abs=1e-5)  # any batch order, any batch size
+    alone = [fn([p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
+    assert alone == pytest.approx(scores, abs=1e-5)
+    # no gradient reaches the reward model (and so none the policy) through a score
+    assert all(p.grad is None for p in reward_model.parameters())
+
+
+def test_sequence_scores_reads_the_last_real_token(tok):
+    class Positions(torch.nn.Module):  # its "value" at each position is the position's index
+        def forward(self, input_ids, attention_mask):
+            return torch.arange(input_ids.shape[1], dtype=torch.float32).expand(input_ids.shape)
+
+    ids, mask = torch.zeros(2, 4, dtype=torch.long), torch.tensor([[0, 1, 1, 1], [0, 0, 1, 1]])
+    assert rm.sequence_scores(Positions(), ids, mask).tolist() == [3.0, 3.0]  # left padding: the last column
+    with pytest.raises(ValueError, match="no real token"):
+        rm.sequence_scores(Positions(), ids, torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
