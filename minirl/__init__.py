@@ -24,7 +24,8 @@ Every module, by layer:
   rl_offpolicy (the loop's stale and truncated samplers), multiturn (episodes: an environment answers the model's
   turns; its tokens are read, never trained on),
   checkpoint (checkpoints, exact resume, the saved policy), distill_loop (a teacher grades the student's tokens),
-  preference_loop, preference_data, evaluation, entropy_control (the entropy switches in the update), history,
+  preference_loop, preference_data, reward_model_loop (a reward model trained on the policy's own completions,
+  labelled by the gold reward), evaluation, entropy_control (the entropy switches in the update), history,
   tracking (TensorBoard beside metrics.jsonl), plots, sweep (grids of arms x seeds), bench, interop (TRL and verl),
   ``__main__`` (the command line).
 - the course kit: exercises (the exercises' checker).

@@ -132,3 +132,40 @@ def test_sequence_scores_reads_the_last_real_token(tok):
     assert rm.sequence_scores(Positions(), ids, mask).tolist() == [3.0, 3.0]  # left padding: the last column
     with pytest.raises(ValueError, match="no real token"):
         rm.sequence_scores(Positions(), ids, torch.tensor([[0, 0, 0, 0], [1, 1, 1, 1]]))
+
+
+# --- a reward model trained on the policy's own completions ---------------------------------------------------------
+def test_gold_pairs_pair_a_right_answer_with_a_wrong_one_and_noise_flips_them(tok):
+    from minirl import reward_model_loop as rml
+    from minirl import tasks, warm_start
+
+    policy, _, _ = warm_start.warm_start("cpu", seed=0, progress=False)
+    data = tasks.load_split("train").select(range(8))
+    answer = dict(zip(data["prompt"], data["answer"], strict=True))
+
+    def right(text):
+        prompt = text[:text.index("=") + 1]
+        return tasks.score(text[len(prompt):], answer[prompt]).reward == 1.0
+
+    clean = rml.gold_pairs(policy, tok, data, seed=0)
+    assert len(clean) > 0 and not any(clean.flipped)
+    assert all(right(c) and not right(r) for c, r in zip(clean.chosen, clean.rejected, strict=True))
+    noisy = rml.gold_pairs(policy, tok, data, seed=0, noise=0.45)
+    assert noisy.chosen != clean.chosen or not any(noisy.flipped)  # the same samples, some labels flipped
+    for c, r, f in zip(noisy.chosen, noisy.rejected, noisy.flipped, strict=True):
+        assert right(c) != f and right(r) == f
+    with pytest.raises(ValueError, match="noise"):
+        rml.gold_pairs(policy, tok, data, noise=0.5)
+
+
+def test_train_reward_model_fits_its_pairs(tok):
+    from helpers import tiny_model
+
+    from minirl import models
+    from minirl import reward_model_loop as rml
+
+    pairs = rml.Pairs(["1+2=1+2=3#3", "3+4=3+4=7#7"], ["1+2=1+2=4#4", "3+4=3+4=9#9"], [False, False])
+    reward_model = models.ValueModel(tiny_model(tok))
+    losses = rml.train_reward_model(reward_model, tok, pairs, steps=30, lr=1e-2)
+    assert losses[0] == pytest.approx(math.log(2), abs=1e-6)  # the zero head: every pair a tie
+    assert losses[-1] < 0.1 and rml.pair_accuracy(reward_model, tok, pairs) == 1.0 and not reward_model.training
