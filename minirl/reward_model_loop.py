@@ -4,7 +4,9 @@
 (chosen) with a wrong one (rejected), as a preference dataset labelled by a perfect annotator would be; ``noise``
 flips a share of the pairs (an annotator who is sometimes wrong). ``train_reward_model`` fits a scalar-head model
 (``models.ValueModel``) to them with ``reward_models.bradley_terry_loss``; ``pair_accuracy`` measures it on held-out
-pairs. The trained model becomes a reward with ``reward_models.learned_reward``.
+pairs. The trained model becomes a reward with ``reward_models.learned_reward``. ``gold_labelled`` and
+``train_labelled`` do the same for an outcome model (right or wrong) and a process model (each partial sum, read at
+the token that closes it: ``step_end_columns``).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from . import decoding, tasks
-from .reward_models import bradley_terry_loss, sequence_scores
+from .checks import choice
+from .reward_models import bradley_terry_loss, outcome_loss, process_loss, sequence_scores, step_labels
 
 
 @dataclass
@@ -109,3 +113,101 @@ def pair_accuracy(reward_model, tokenizer, pairs: Pairs) -> float:
     """The share of pairs whose chosen answer the model scores higher (ties count as wrong)."""
     chosen, rejected = pair_scores(reward_model, tokenizer, pairs)
     return float((chosen > rejected).float().mean())
+
+
+# ------------------------------------------------------------------------------------- outcome and process models
+@dataclass
+class Labelled:
+    """Completions with their gold labels: right or wrong (``outcome``), and each partial sum's (``steps``)."""
+
+    prompts: list[str]
+    completions: list[str]
+    outcome: list[int]
+    steps: list[list[int]]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getitem__(self, rows: list[int]) -> Labelled:
+        return Labelled(*([getattr(self, f)[i] for i in rows] for f in ("prompts", "completions", "outcome", "steps")))
+
+
+@torch.no_grad()
+def gold_labelled(policy, tokenizer, data, *, group_size: int = 8, max_new_tokens: int = 40, seed: int = 0
+                  ) -> Labelled:
+    """``group_size`` samples of each prompt of ``data`` from ``policy``, each labelled by the gold reward (outcome)
+    and by ``reward_models.step_labels`` (each partial sum)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        r = decoding.generate(policy, tokenizer, list(data["prompt"]), group_size, max_new_tokens,
+                              recompute_logprobs=False)
+    answers = [a for a in data["answer"] for _ in range(group_size)]
+    return Labelled(list(r.prompts), list(r.completions),
+                    [int(tasks.score(c, a).reward == 1.0) for c, a in zip(r.completions, answers, strict=True)],
+                    [step_labels(p, c) for p, c in zip(r.prompts, r.completions, strict=True)])
+
+
+def step_end_columns(tokenizer, prompt: str, completion: str, length: int) -> list[int]:
+    """The column, in the left-padded row of ``length`` tokens, of the token that closes each partial sum of
+    ``completion`` (its ';' or '#', or its last character when the completion stops before one): where a process
+    model reads a step's score, once the whole step has been written."""
+    enc = tokenizer(prompt + completion, return_offsets_mapping=True)
+    offsets, pad = enc["offset_mapping"], length - len(enc["input_ids"])
+    ends, i = [], len(prompt)
+    for segment in completion.split("#")[0].split(";"):
+        i += len(segment)
+        char = min(i, len(prompt) + len(completion) - 1)  # the separator after the step, or the step's last char
+        ends.append(pad + next(k for k, (a, b) in enumerate(offsets) if a <= char < b))
+        i += 1
+    return ends
+
+
+def process_scores(reward_model, tokenizer, prompts: list[str], completions: list[str]) -> tuple[Tensor, Tensor]:
+    """(B, S) a process model's score of each partial sum (read at ``step_end_columns``) and the (B, S) mask of real
+    steps, S the most steps of a completion."""
+    device = next(reward_model.parameters()).device
+    enc = tokenizer([p + c for p, c in zip(prompts, completions, strict=True)], return_tensors="pt", padding=True)
+    values = reward_model(enc.input_ids.to(device), enc.attention_mask.to(device))  # (B, L)
+    cols = [step_end_columns(tokenizer, p, c, enc.input_ids.shape[1]) for p, c in zip(prompts, completions,
+                                                                                       strict=True)]
+    S = max(len(c) for c in cols)
+    index = torch.tensor([c + [c[-1]] * (S - len(c)) for c in cols], device=device)
+    mask = torch.tensor([[1.0] * len(c) + [0.0] * (S - len(c)) for c in cols], device=device)
+    return values.gather(1, index), mask
+
+
+def train_labelled(reward_model, tokenizer, labelled: Labelled, *, kind: str, steps: int = 200, batch_size: int = 32,
+                   lr: float = 1e-3, seed: int = 0) -> list[float]:
+    """Fit an outcome model (``kind="outcome"``: ``reward_models.outcome_loss`` on ``sequence_scores``) or a process
+    model (``kind="process"``: ``reward_models.process_loss`` on ``process_scores``) to gold-labelled completions;
+    returns each step's loss; the model is left in eval mode.
+
+    Raises:
+        ValueError: for another kind, no completions or steps < 1.
+    """
+    choice("kind", kind, ("outcome", "process"))
+    if len(labelled) == 0 or steps < 1:
+        raise ValueError(f"need completions and steps >= 1, got {len(labelled)} and steps={steps}")
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(reward_model.parameters(), lr=lr)
+    reward_model.train()
+    device = next(reward_model.parameters()).device
+    losses = []
+    for _ in range(steps):
+        batch = labelled[torch.randint(len(labelled), (min(batch_size, len(labelled)),), generator=gen).tolist()]
+        if kind == "outcome":
+            enc = tokenizer([p + c for p, c in zip(batch.prompts, batch.completions, strict=True)],
+                            return_tensors="pt", padding=True).to(device)
+            loss = outcome_loss(sequence_scores(reward_model, enc.input_ids, enc.attention_mask),
+                                torch.tensor(batch.outcome, dtype=torch.float32, device=device))
+        else:
+            scores, mask = process_scores(reward_model, tokenizer, batch.prompts, batch.completions)
+            labels = torch.tensor([s + [0] * (scores.shape[1] - len(s)) for s in batch.steps], dtype=torch.float32,
+                                  device=device)
+            loss = process_loss(scores, labels, mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    reward_model.eval()
+    return losses

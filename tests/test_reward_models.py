@@ -169,3 +169,47 @@ def test_train_reward_model_fits_its_pairs(tok):
     losses = rml.train_reward_model(reward_model, tok, pairs, steps=30, lr=1e-2)
     assert losses[0] == pytest.approx(math.log(2), abs=1e-6)  # the zero head: every pair a tie
     assert losses[-1] < 0.1 and rml.pair_accuracy(reward_model, tok, pairs) == 1.0 and not reward_model.training
+
+
+class _Positions(torch.nn.Module):
+    """A stand-in scalar model whose value at each position is the position's index."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, input_ids, attention_mask):
+        return torch.arange(input_ids.shape[1], dtype=torch.float32).expand(input_ids.shape) + self.w
+
+
+def test_a_process_model_reads_each_step_at_the_token_that_closes_it(tok):
+    from minirl import reward_model_loop as rml
+
+    # "<bos>7+5+9=" is columns 0-6 of 24; "7+5=12" ends at the ';' of column 13, "12+9=21" at the '#' of column 21
+    assert rml.step_end_columns(tok, "7+5+9=", "7+5=12;12+9=21#21", 24) == [13, 21]
+    assert rml.step_end_columns(tok, "7+5+9=", "7+5=12;12+9=21#21", 27) == [16, 24]  # three pads on the left
+    assert rml.step_end_columns(tok, "7+5+9=", "7+5=12;12+", 17) == [13, 16]  # no '#': the last character
+    scores, mask = rml.process_scores(_Positions(), tok, ["7+5+9=", "3+4="], ["7+5=12;12+9=21#21", "3+4=7#7"])
+    # the second row (12 tokens) is left-padded by 12: its one step ends at its '#', its column 10 -> 22
+    assert scores.tolist() == [[13.0, 21.0], [22.0, 22.0]] and mask.tolist() == [[1.0, 1.0], [1.0, 0.0]]
+    for p, c in (("7+5+9=", "7+5=12;12+9=21#21"), ("7+5+9=", "7+5=12;12+"), ("7+5+9=", "")):
+        assert len(rml.step_end_columns(tok, p, c, 30)) == len(rm.step_labels(p, c))  # one score per label
+
+
+def test_outcome_and_process_models_fit_their_labels(tok):
+    from helpers import tiny_model
+
+    from minirl import models
+    from minirl import reward_model_loop as rml
+
+    data = rml.Labelled(["1+2=", "1+2=", "3+4+5=", "3+4+5="], ["1+2=3#3", "1+2=4#4", "3+4=7;7+5=12#12",
+                                                                "3+4=8;8+5=13#13"],
+                        [1, 0, 1, 0], [[1], [0], [1, 1], [0, 0]])
+    for kind, first in (("outcome", math.log(2)), ("process", math.log(2))):
+        model = models.ValueModel(tiny_model(tok))
+        losses = rml.train_labelled(model, tok, data, kind=kind, steps=60, lr=3e-3)
+        assert losses[0] == pytest.approx(first, abs=1e-6), kind  # the zero head: every logit 0
+        assert losses[-1] < 0.3 * first, (kind, losses[-1])
+    with pytest.raises(ValueError, match="kind"):
+        rml.train_labelled(model, tok, data, kind="pairs")
+    assert data[[1, 3]].outcome == [0, 0]
