@@ -6,11 +6,13 @@ flips a share of the pairs (an annotator who is sometimes wrong). ``train_reward
 (``models.ValueModel``) to them with ``reward_models.bradley_terry_loss``; ``pair_accuracy`` measures it on held-out
 pairs. The trained model becomes a reward with ``reward_models.learned_reward``. ``gold_labelled`` and
 ``train_labelled`` do the same for an outcome model (right or wrong) and a process model (each partial sum, read at
-the token that closes it: ``step_end_columns``).
+the token that closes it: ``step_end_columns``). ``best_of_n`` measures best-of-n against a proxy with the gold
+reward, at d = sqrt(KL) of the best-of-n distribution.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +20,7 @@ from torch import Tensor
 
 from . import decoding, tasks
 from .checks import choice
-from .reward_models import bradley_terry_loss, outcome_loss, process_loss, sequence_scores, step_labels
+from .reward_models import best_of_n_kl, bradley_terry_loss, outcome_loss, process_loss, sequence_scores, step_labels
 
 
 @dataclass
@@ -211,3 +213,43 @@ def train_labelled(reward_model, tokenizer, labelled: Labelled, *, kind: str, st
         losses.append(float(loss.detach()))
     reward_model.eval()
     return losses
+
+
+# ------------------------------------------------------------------------------------------------ best-of-n
+@torch.no_grad()
+def best_of_n(policy, tokenizer, data, proxy_fn, ns: list[int], *, max_new_tokens: int = 40, seed: int = 0
+              ) -> list[dict]:
+    """Best-of-n against a proxy reward, measured by the gold one: max(ns) samples of each prompt of ``data`` drawn
+    once; for each n, the first n of each prompt's samples, the one the proxy scores highest (the first of equals).
+
+    Args:
+        policy: the causal LM sampled.
+        tokenizer: its tokenizer.
+        data: a Dataset with ``prompt`` and ``answer`` columns.
+        proxy_fn: a reward function in TRL's form (``reward_models.learned_reward``), called once on every sample.
+        ns: the n to measure, each >= 1.
+        max_new_tokens, seed: the sampling.
+
+    Returns:
+        One dict per n: n, kl (``reward_models.best_of_n_kl``, nats), d (its square root), gold (the picks' mean gold
+        reward), proxy (their mean proxy score).
+
+    Raises:
+        ValueError: for an n < 1.
+    """
+    if not ns or min(ns) < 1:
+        raise ValueError(f"every n must be >= 1, got {ns}")
+    N = max(ns)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        r = decoding.generate(policy, tokenizer, list(data["prompt"]), N, max_new_tokens, recompute_logprobs=False)
+    answers = [a for a in data["answer"] for _ in range(N)]
+    gold = torch.tensor([tasks.score(c, a).reward for c, a in zip(r.completions, answers, strict=True)]).view(-1, N)
+    proxy = torch.tensor(proxy_fn(r.prompts, r.completions), dtype=torch.float32).view(-1, N)
+    rows = []
+    for n in ns:
+        pick = proxy[:, :n].argmax(1, keepdim=True)  # (P, 1) the first of equals
+        kl = best_of_n_kl(n)
+        rows.append({"n": n, "kl": kl, "d": math.sqrt(kl), "gold": float(gold.gather(1, pick).mean()),
+                     "proxy": float(proxy.gather(1, pick).mean())})
+    return rows

@@ -11,16 +11,20 @@ one function each (B = pairs or completions, S = steps):
   Lightman et al. 2023).
 
 The task has an exact gold reward and exact step labels (``step_labels``): every partial sum is right or wrong, so a
-learned reward can be measured against the truth, which no real task allows.
+learned reward can be measured against the truth, which no real task allows. Over-optimisation is read against the
+distance d = sqrt(KL) from the starting policy: ``best_of_n_kl`` for best-of-n, and ``gao_fit`` fits Gao et al.'s
+forms of the gold reward against d.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import ndim, same_shape, zero_outside
+from .checks import choice, ndim, same_shape, zero_outside
 
 
 def bradley_terry_loss(chosen_rewards: Tensor, rejected_rewards: Tensor, *, margin: Tensor | None = None,
@@ -178,3 +182,53 @@ def learned_reward(reward_model, tokenizer, *, batch_size: int = 64):
         return out
 
     return reward_model_score
+
+
+def best_of_n_kl(n: int) -> float:
+    """KL(best-of-n || the policy) in nats, for the distribution of the best of n independent samples under a score
+    without ties: log n - (n - 1) / n (0 at n = 1; the bound Gao et al. plot their best-of-n curves against).
+
+    Example: n = 4: log 4 - 3/4 = 0.636294.
+
+    Raises:
+        ValueError: for n < 1.
+
+    Source: Stiennon et al. 2020, appendix G.3; Gao, Schulman and Hilton 2023, section 2.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return math.log(n) - (n - 1) / n
+
+
+#: The functional forms of the gold reward against d = sqrt(KL) (Gao et al. 2023, eq. 1-2): d (alpha - beta d) for
+#: best-of-n, d (alpha - beta log d) for RL.
+GAO_FORMS = ("bon", "rl")
+
+
+def gao_fit(d: Tensor, gold_gain: Tensor, *, form: str) -> tuple[float, float]:
+    """Least-squares (alpha, beta) of Gao et al.'s form for the gold reward's gain over the start at distance
+    d = sqrt(KL): "bon" R(d) = d (alpha - beta d), "rl" R(d) = d (alpha - beta log d). Linear in (alpha, beta), so
+    one least-squares solve; the peak is at d = alpha / (2 beta) ("bon") or exp(alpha / beta - 1) ("rl").
+
+    Example: d = [1, 2, 3], R = d (1 - 0.2 d) = [0.8, 1.2, 1.2]: "bon" gives (1.0, 0.2) exactly.
+
+    Args:
+        d: (N,) distances, sqrt(nats), > 0.
+        gold_gain: (N,) the gold reward minus its value at d = 0.
+        form: one of ``GAO_FORMS``.
+
+    Raises:
+        ValueError: for an unknown form, mismatched shapes, fewer than 2 points, or d <= 0.
+
+    Source: Gao, Schulman and Hilton 2023 ("Scaling Laws for Reward Model Overoptimization"), eq. 1-2.
+    """
+    choice("form", form, GAO_FORMS)
+    ndim("d", d, 1, "(N,)")
+    same_shape(d=d, gold_gain=gold_gain)
+    if len(d) < 2 or not (d > 0).all():
+        raise ValueError(f"need at least 2 points with d > 0, got {d.tolist()}")
+    d = d.double()
+    second = d * d if form == "bon" else d * torch.log(d)
+    features = torch.stack([d, -second], 1)  # (N, 2): R = alpha d - beta second
+    solution = torch.linalg.lstsq(features, gold_gain.double().unsqueeze(1)).solution.squeeze(1)
+    return float(solution[0]), float(solution[1])

@@ -213,3 +213,47 @@ def test_outcome_and_process_models_fit_their_labels(tok):
     with pytest.raises(ValueError, match="kind"):
         rml.train_labelled(model, tok, data, kind="pairs")
     assert data[[1, 3]].outcome == [0, 0]
+
+
+# --- over-optimisation: best-of-n and Gao et al.'s forms -----------------------------------------------------------
+def test_best_of_n_kl_by_hand():
+    assert rm.best_of_n_kl(1) == 0.0
+    assert rm.best_of_n_kl(4) == pytest.approx(math.log(4) - 0.75, abs=1e-12)  # 0.636294
+    with pytest.raises(ValueError, match="n must"):
+        rm.best_of_n_kl(0)
+
+
+# paper-index: reward_models.gao_fit
+def test_gao_fit_recovers_known_coefficients():
+    d = torch.tensor([0.5, 1.0, 2.0, 3.0], dtype=D)
+    assert rm.gao_fit(d, d * (1.0 - 0.2 * d), form="bon") == pytest.approx((1.0, 0.2), abs=1e-12)
+    assert rm.gao_fit(d, d * (0.7 - 0.3 * torch.log(d)), form="rl") == pytest.approx((0.7, 0.3), abs=1e-12)
+    with pytest.raises(ValueError, match="form"):
+        rm.gao_fit(d, d, form="ppo")
+    with pytest.raises(ValueError, match="d > 0"):
+        rm.gao_fit(torch.tensor([0.0, 1.0]), torch.tensor([0.0, 1.0]), form="bon")
+
+
+def test_best_of_n_picks_the_proxys_favourite_and_reports_its_gold(tok, monkeypatch):
+    from minirl import reward_model_loop as rml
+    from minirl import rollout
+
+    completions = ["3#3", "4#4", "1+2=3#3", "9#9"]  # prompt "1+2=": right, wrong, right, wrong
+
+    def fake_generate(model, tokenizer, prompts, group_size, max_new_tokens, **kw):
+        return rollout.Rollout(input_ids=torch.zeros(4, 1), attention_mask=torch.ones(4, 1),
+                               completion_ids=torch.zeros(4, 1), completion_mask=torch.ones(4, 1),
+                               truncated=torch.zeros(4, dtype=torch.bool), prompt_index=torch.zeros(4),
+                               completions=completions, logprobs=torch.zeros(4, 1), group_size=4,
+                               prompts=["1+2="] * 4)
+
+    monkeypatch.setattr(rml.decoding, "generate", fake_generate)
+    proxy = lambda prompts, completions, **kw: [0.1, 0.9, 0.5, 0.95]  # noqa: E731  (prefers the wrong "9#9")
+    data = {"prompt": ["1+2="], "answer": ["3"]}
+    rows = rml.best_of_n(None, tok, data, proxy, [1, 2, 3, 4])
+    # n = 1: "3#3" (gold 1); n = 2: "4#4" (0.9, gold 0); n = 3: still "4#4"; n = 4: "9#9" (0.95, gold 0)
+    assert [r["gold"] for r in rows] == [1.0, 0.0, 0.0, 0.0]
+    assert [r["proxy"] for r in rows] == pytest.approx([0.1, 0.9, 0.9, 0.95])
+    assert rows[3]["d"] == pytest.approx(math.sqrt(rm.best_of_n_kl(4)))
+    with pytest.raises(ValueError, match="n must"):
+        rml.best_of_n(None, tok, data, proxy, [0, 2])
