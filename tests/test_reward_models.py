@@ -216,6 +216,7 @@ def test_outcome_and_process_models_fit_their_labels(tok):
 
 
 # --- over-optimisation: best-of-n and Gao et al.'s forms -----------------------------------------------------------
+# paper-index: reward_models.best_of_n_kl
 def test_best_of_n_kl_by_hand():
     assert rm.best_of_n_kl(1) == 0.0
     assert rm.best_of_n_kl(4) == pytest.approx(math.log(4) - 0.75, abs=1e-12)  # 0.636294
