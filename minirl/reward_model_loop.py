@@ -93,15 +93,23 @@ def train_reward_model(reward_model, tokenizer, pairs: Pairs, *, steps: int = 20
     """
     if len(pairs) == 0 or steps < 1:
         raise ValueError(f"need pairs and steps >= 1, got {len(pairs)} pairs and steps={steps}")
+
+    def batch_loss(rows: list[int]) -> Tensor:
+        batch = Pairs([pairs.chosen[i] for i in rows], [pairs.rejected[i] for i in rows], [])
+        return bradley_terry_loss(*pair_scores(reward_model, tokenizer, batch), center_coef=center_coef)
+
+    return _fit(reward_model, len(pairs), batch_loss, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
+
+
+def _fit(reward_model, n_rows: int, batch_loss, *, steps: int, batch_size: int, lr: float, seed: int) -> list[float]:
+    """``steps`` AdamW steps on ``batch_loss(rows)``, each on a minibatch of row indices drawn with replacement from
+    ``n_rows``; the model in train mode while it runs, left in eval mode; returns each step's loss."""
     gen = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(reward_model.parameters(), lr=lr)
     reward_model.train()
     losses = []
     for _ in range(steps):
-        rows = torch.randint(len(pairs), (min(batch_size, len(pairs)),), generator=gen).tolist()
-        batch = Pairs([pairs.chosen[i] for i in rows], [pairs.rejected[i] for i in rows], [])
-        chosen, rejected = pair_scores(reward_model, tokenizer, batch)
-        loss = bradley_terry_loss(chosen, rejected, center_coef=center_coef)
+        loss = batch_loss(torch.randint(n_rows, (min(batch_size, n_rows),), generator=gen).tolist())
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -190,29 +198,21 @@ def train_labelled(reward_model, tokenizer, labelled: Labelled, *, kind: str, st
     choice("kind", kind, ("outcome", "process"))
     if len(labelled) == 0 or steps < 1:
         raise ValueError(f"need completions and steps >= 1, got {len(labelled)} and steps={steps}")
-    gen = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(reward_model.parameters(), lr=lr)
-    reward_model.train()
     device = next(reward_model.parameters()).device
-    losses = []
-    for _ in range(steps):
-        batch = labelled[torch.randint(len(labelled), (min(batch_size, len(labelled)),), generator=gen).tolist()]
+
+    def batch_loss(rows: list[int]) -> Tensor:
+        batch = labelled[rows]
         if kind == "outcome":
             enc = tokenizer([p + c for p, c in zip(batch.prompts, batch.completions, strict=True)],
                             return_tensors="pt", padding=True).to(device)
-            loss = outcome_loss(sequence_scores(reward_model, enc.input_ids, enc.attention_mask),
+            return outcome_loss(sequence_scores(reward_model, enc.input_ids, enc.attention_mask),
                                 torch.tensor(batch.outcome, dtype=torch.float32, device=device))
-        else:
-            scores, mask = process_scores(reward_model, tokenizer, batch.prompts, batch.completions)
-            labels = torch.tensor([s + [0] * (scores.shape[1] - len(s)) for s in batch.steps], dtype=torch.float32,
-                                  device=device)
-            loss = process_loss(scores, labels, mask)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    reward_model.eval()
-    return losses
+        scores, mask = process_scores(reward_model, tokenizer, batch.prompts, batch.completions)
+        labels = torch.tensor([s + [0] * (scores.shape[1] - len(s)) for s in batch.steps], dtype=torch.float32,
+                              device=device)
+        return process_loss(scores, labels, mask)
+
+    return _fit(reward_model, len(labelled), batch_loss, steps=steps, batch_size=batch_size, lr=lr, seed=seed)
 
 
 # ------------------------------------------------------------------------------------------------ best-of-n
