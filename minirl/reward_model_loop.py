@@ -7,7 +7,8 @@ flips a share of the pairs (an annotator who is sometimes wrong). ``train_reward
 pairs. The trained model becomes a reward with ``reward_models.learned_reward``. ``gold_labelled`` and
 ``train_labelled`` do the same for an outcome model (right or wrong) and a process model (each partial sum, read at
 the token that closes it: ``step_end_columns``). ``best_of_n`` measures best-of-n against a proxy with the gold
-reward, at d = sqrt(KL) of the best-of-n distribution.
+reward, at d = sqrt(KL) of the best-of-n distribution; ``proxy_and_gold`` measures a policy during RL against a
+proxy: its fresh samples' gold reward, proxy score and true KL to the start, d = sqrt(KL).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import decoding, tasks
+from . import decoding, evaluation, tasks
 from .checks import choice
 from .reward_models import best_of_n_kl, bradley_terry_loss, outcome_loss, process_loss, sequence_scores, step_labels
 
@@ -253,3 +254,55 @@ def best_of_n(policy, tokenizer, data, proxy_fn, ns: list[int], *, max_new_token
         rows.append({"n": n, "kl": kl, "d": math.sqrt(kl), "gold": float(gold.gather(1, pick).mean()),
                      "proxy": float(proxy.gather(1, pick).mean())})
     return rows
+
+
+@torch.no_grad()
+def proxy_and_gold(policy, start_policy, tokenizer, data, proxy_fn, *, samples_per_prompt: int = 4,
+                   max_new_tokens: int = 40, seed: int = 0) -> dict:
+    """Where a policy trained against a proxy stands: fresh samples of each prompt of ``data``, their mean gold
+    reward, their mean proxy score and the policy's true KL to ``start_policy`` on them (``evaluation.sequence_kl``,
+    nats per completion), d = sqrt(KL). The global RNG is restored (safe inside a ``train_rl`` callback).
+
+    Returns:
+        dict with gold, proxy, kl, d (sqrt of kl, 0 for a KL below 0 from round-off), n (completions).
+
+    Raises:
+        ValueError: for samples_per_prompt < 1 (``decoding.generate``).
+
+    Source: the measurement of Gao, Schulman and Hilton 2023, section 2 (gold and proxy against d = sqrt(KL)).
+    """
+    was_training = policy.training
+    policy.eval()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        r = decoding.generate(policy, tokenizer, list(data["prompt"]), samples_per_prompt, max_new_tokens,
+                              recompute_logprobs=False)
+    kl, _ = evaluation.sequence_kl(policy, start_policy, r)  # (B,) nats per completion
+    policy.train(was_training)
+    answers = [a for a in data["answer"] for _ in range(samples_per_prompt)]
+    gold = [tasks.score(c, a).reward for c, a in zip(r.completions, answers, strict=True)]
+    proxy = proxy_fn(r.prompts, r.completions)
+    kl_mean = float(kl.mean())
+    return {"gold": sum(gold) / len(gold), "proxy": sum(proxy) / len(proxy), "kl": kl_mean,
+            "d": math.sqrt(max(kl_mean, 0.0)), "n": len(gold)}
+
+
+def process_reward(reward_model, tokenizer, *, batch_size: int = 64):
+    """A process model as a reward function in TRL's form: each completion's weakest step, the minimum over its
+    partial sums of the step's logit (a solution is as good as its worst step: the aggregate of Lightman et al.
+    2023, section 3, taken on logits, which orders completions as the minimum probability does). Batched, without
+    gradient, the model in eval mode (restored after)."""
+
+    @torch.no_grad()
+    def process_model_score(prompts, completions, **columns):
+        was_training = reward_model.training
+        reward_model.eval()
+        out = []
+        for i in range(0, len(prompts), batch_size):
+            scores, mask = process_scores(reward_model, tokenizer, prompts[i:i + batch_size],
+                                          completions[i:i + batch_size])  # (b, S) each
+            out += scores.masked_fill(mask == 0, float("inf")).min(1).values.tolist()
+        reward_model.train(was_training)
+        return out
+
+    return process_model_score

@@ -184,6 +184,29 @@ def learned_reward(reward_model, tokenizer, *, batch_size: int = 64):
     return reward_model_score
 
 
+def ensemble_reward(reward_fns, *, how: str = "mean"):
+    """One reward function from several (TRL's form): each row's mean, or its minimum, over the members' scores.
+    The minimum is the conservative ensemble (a completion scores high only if every member agrees).
+
+    Example: members scoring [1.0, -2.0] and [3.0, 0.0]: mean [2.0, -1.0], min [1.0, -2.0].
+
+    Raises:
+        ValueError: for no members or another ``how``.
+
+    Source: Coste et al. 2024, "Reward Model Ensembles Help Mitigate Overoptimization", section 3 (mean, worst-case).
+    """
+    choice("how", how, ("mean", "min"))
+    reward_fns = list(reward_fns)
+    if not reward_fns:
+        raise ValueError("reward_fns is empty: an ensemble needs at least one member")
+
+    def ensemble_score(prompts, completions, **columns):
+        scores = torch.tensor([fn(prompts, completions, **columns) for fn in reward_fns], dtype=torch.float64)
+        return (scores.mean(0) if how == "mean" else scores.min(0).values).tolist()
+
+    return ensemble_score
+
+
 def best_of_n_kl(n: int) -> float:
     """KL(best-of-n || the policy) in nats, for the distribution of the best of n independent samples under a score
     without ties: log n - (n - 1) / n (0 at n = 1; the bound Gao et al. plot their best-of-n curves against).

@@ -258,3 +258,52 @@ def test_best_of_n_picks_the_proxys_favourite_and_reports_its_gold(tok, monkeypa
     assert rows[3]["d"] == pytest.approx(math.sqrt(rm.best_of_n_kl(4)))
     with pytest.raises(ValueError, match="n must"):
         rml.best_of_n(None, tok, data, proxy, [0, 2])
+
+
+# paper-index: reward_models.ensemble_reward
+def test_an_ensemble_takes_the_mean_or_the_minimum_of_its_members():
+    a = lambda prompts, completions, **kw: [1.0, -2.0]  # noqa: E731
+    b = lambda prompts, completions, **kw: [3.0, 0.0]  # noqa: E731
+    assert rm.ensemble_reward([a, b])(["p", "q"], ["x", "y"]) == [2.0, -1.0]
+    assert rm.ensemble_reward([a, b], how="min")(["p", "q"], ["x", "y"]) == [1.0, -2.0]
+    assert rm.ensemble_reward([a])(["p", "q"], ["x", "y"]) == [1.0, -2.0]  # one member: itself
+    with pytest.raises(ValueError, match="how"):
+        rm.ensemble_reward([a, b], how="max")
+    with pytest.raises(ValueError, match="reward_fns"):
+        rm.ensemble_reward([])
+
+
+def test_a_process_reward_is_the_weakest_step(tok):
+    from minirl import reward_model_loop as rml
+
+    # _Positions scores each step by its closing column: row 1's steps close at columns 13 and 21 (min 13); row 2 is
+    # left-padded by 12 and its one step closes at column 22; padding steps never count
+    fn = rml.process_reward(_Positions(), tok, batch_size=1)
+    assert fn(["7+5+9=", "3+4="], ["7+5=12;12+9=21#21", "3+4=7#7"]) == [13.0, 10.0]
+    # batched together, row 2 is padded by 12 columns more: its score moves with its column, never to a pad's
+    assert rml.process_reward(_Positions(), tok)(["7+5+9=", "3+4="], ["7+5=12;12+9=21#21", "3+4=7#7"]) == [13.0, 22.0]
+
+
+# paper-index: reward_model_loop.proxy_and_gold
+def test_proxy_and_gold_measure_fresh_samples_against_the_start(tok):
+    import copy
+
+    from helpers import tiny_model
+
+    from minirl import reward_model_loop as rml
+
+    torch.manual_seed(0)
+    policy = tiny_model(tok)
+    data = {"prompt": ["1+2=", "3+4="], "answer": ["3", "7"]}
+    proxy = lambda prompts, completions, **kw: [float(len(c)) for c in completions]  # noqa: E731
+    state = torch.random.get_rng_state()
+    same = rml.proxy_and_gold(policy, copy.deepcopy(policy), tok, data, proxy, samples_per_prompt=3, max_new_tokens=6)
+    assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG untouched
+    assert same["kl"] == pytest.approx(0.0, abs=1e-6) and same["d"] == pytest.approx(0.0, abs=1e-3)
+    assert same["n"] == 6 and 0.0 <= same["gold"] <= 1.0 and same["proxy"] > 0
+    other = copy.deepcopy(policy)
+    with torch.no_grad():
+        other.lm_head.weight.add_(torch.randn_like(other.lm_head.weight))
+    moved = rml.proxy_and_gold(policy, other, tok, data, proxy, samples_per_prompt=3, max_new_tokens=6)
+    assert moved["kl"] > 0.01 and moved["d"] == pytest.approx(math.sqrt(moved["kl"]))
+    assert moved["gold"] == same["gold"] and moved["proxy"] == same["proxy"]  # the same seed: the same samples
