@@ -21,7 +21,15 @@ from torch import Tensor
 
 from . import decoding, evaluation, tasks
 from .checks import choice
-from .reward_models import best_of_n_kl, bradley_terry_loss, outcome_loss, process_loss, sequence_scores, step_labels
+from .reward_models import (
+    best_of_n_gold,
+    best_of_n_kl,
+    bradley_terry_loss,
+    outcome_loss,
+    process_loss,
+    sequence_scores,
+    step_labels,
+)
 
 
 @dataclass
@@ -247,12 +255,11 @@ def best_of_n(policy, tokenizer, data, proxy_fn, ns: list[int], *, max_new_token
     answers = [a for a in data["answer"] for _ in range(N)]
     gold = torch.tensor([tasks.score(c, a).reward for c, a in zip(r.completions, answers, strict=True)]).view(-1, N)
     proxy = torch.tensor(proxy_fn(r.prompts, r.completions), dtype=torch.float32).view(-1, N)
+    gold_at, proxy_at = best_of_n_gold(proxy, gold, ns), best_of_n_gold(proxy, proxy, ns)  # (len(ns),) each
     rows = []
-    for n in ns:
-        pick = proxy[:, :n].argmax(1, keepdim=True)  # (P, 1) the first of equals
+    for n, g, p in zip(ns, gold_at.tolist(), proxy_at.tolist(), strict=True):
         kl = best_of_n_kl(n)
-        rows.append({"n": n, "kl": kl, "d": math.sqrt(kl), "gold": float(gold.gather(1, pick).mean()),
-                     "proxy": float(proxy.gather(1, pick).mean())})
+        rows.append({"n": n, "kl": kl, "d": math.sqrt(kl), "gold": g, "proxy": p})
     return rows
 
 

@@ -207,16 +207,50 @@ def ensemble_reward(reward_fns, *, how: str = "mean"):
     return ensemble_score
 
 
+def best_of_n_gold(proxy: Tensor, gold: Tensor, ns) -> Tensor:
+    """Best-of-n measured by another score: for each n, each prompt's pick is the sample the proxy scores highest
+    among its first n (the first of equals), and the result is the picks' mean ``gold`` score.
+    ``best_of_n_gold(proxy, proxy, ns)`` is the picks' proxy score.
+
+    Example: one prompt, proxy [0.1, 0.9, 0.5, 0.95], gold [1, 0, 1, 0]: n = 1 picks sample 0 (gold 1), n = 2 and 3
+    sample 1 (gold 0), n = 4 sample 3 (gold 0): [1, 0, 0, 0].
+
+    Args:
+        proxy: (P, N) the proxy's score of N samples of each of P prompts, in sampling order.
+        gold: (P, N) the score that measures the picks (the true reward).
+        ns: the n to measure, each in [1, N].
+
+    Returns:
+        (len(ns),) the mean over prompts of the pick's gold score, for each n.
+
+    Raises:
+        ValueError: for mismatched or non-2-D shapes, a non-finite proxy score, or an n outside [1, N].
+
+    Source: Nakano et al. 2021 (WebGPT), section 3.3; Gao, Schulman and Hilton 2023, section 2.
+    """
+    ndim("proxy", proxy, 2, "(P, N)")
+    same_shape(proxy=proxy, gold=gold)
+    if not torch.isfinite(proxy).all():
+        raise ValueError("proxy must be finite: a NaN score would be picked or skipped silently")
+    ns = list(ns)
+    if not ns or min(ns) < 1 or max(ns) > proxy.shape[1]:
+        raise ValueError(f"every n must be in [1, {proxy.shape[1]}] (the samples per prompt), got {ns}")
+    picks = [proxy[:, :n].argmax(1, keepdim=True) for n in ns]  # (P, 1) each: argmax returns the first of equals
+    return torch.stack([gold.gather(1, pick).double().mean() for pick in picks])
+
+
 def best_of_n_kl(n: int) -> float:
-    """KL(best-of-n || the policy) in nats, for the distribution of the best of n independent samples under a score
-    without ties: log n - (n - 1) / n (0 at n = 1; the bound Gao et al. plot their best-of-n curves against).
+    """KL(best-of-n || the policy) in nats: log n - (n - 1) / n (0 at n = 1), the distance Gao et al. plot their
+    best-of-n curves against. Exact when no two samples can tie (every completion distinct); when the same completion
+    can be drawn twice, as on a small task, it is an upper bound on the true KL (Beirami et al. 2024).
 
     Example: n = 4: log 4 - 3/4 = 0.636294.
 
     Raises:
         ValueError: for n < 1.
 
-    Source: Stiennon et al. 2020, appendix G.3; Gao, Schulman and Hilton 2023, section 2.
+    Source: Stiennon et al. 2020, appendix G.3; Gao, Schulman and Hilton 2023, section 2; Beirami et al. 2024,
+    "Theoretical guarantees on the best-of-n alignment policy".
     """
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

@@ -1,5 +1,5 @@
 """The named mistakes of the course kit's exercises added by issue 40 (05's gmpo_loss, 10, 06 entropy,
-09 distillation, 12 stale samplers): each a wrong implementation the checker must reject with the hint that names it,
+09 distillation, 12 stale samplers) and after it (14 multi-turn, 15 learned rewards): each a wrong implementation the checker must reject with the hint that names it,
 and minirl's own function in the exercise's signature (a submission that calls through to minirl is refused).
 
 tests/test_exercises.py runs them with the kit's other mistakes (MISTAKES, MINIRL there are extended with these).
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from minirl import distill, entropy, kl, losses, multiturn, stale_corrections
+from minirl import distill, entropy, kl, losses, multiturn, reward_models, stale_corrections
 from minirl.exercises import _reference
 
 
@@ -450,6 +450,102 @@ def egae_values_not_detached(rewards, values, model_mask, *, gamma=1.0, lam=0.95
     return adv + 0 * values.sum(), ret  # a graph through the critic's values
 
 
+# ------------------------------------------------------------------------------------------------ 15 · learned rewards
+
+
+def _bt(chosen, rejected, margin=None, center_coef=None, *, sign=1.0, link="logsigmoid", margin_sign=-1.0,
+        reduce="mean", center="sum", center_reduce="mean"):
+    diff = sign * (chosen - rejected)
+    if margin is not None:
+        diff = diff + margin_sign * margin
+    if link == "logsigmoid":
+        per_pair = -torch.nn.functional.logsigmoid(diff)
+    elif link == "log(sigmoid)":  # underflows to log 0 = -inf for a large negative difference
+        per_pair = -torch.log(torch.sigmoid(diff))
+    else:  # the likelihood itself
+        per_pair = -torch.sigmoid(diff)
+    loss = per_pair.mean() if reduce == "mean" else per_pair.sum()
+    if center_coef:
+        level = (chosen + rejected) if center == "sum" else (chosen - rejected)
+        squares = level ** 2
+        loss = loss + center_coef * (squares.mean() if center_reduce == "mean" else squares.sum())
+    return loss
+
+
+def bt_sign_flipped(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, sign=-1.0)
+
+
+def bt_no_log(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, link="sigmoid")
+
+
+def bt_naive_logsigmoid(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, link="log(sigmoid)")
+
+
+def bt_sum(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, reduce="sum")
+
+
+def bt_margin_added(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, margin_sign=1.0)
+
+
+def bt_center_on_difference(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, center="difference")
+
+
+def bt_center_summed(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, center_coef, center_reduce="sum")
+
+
+def bt_center_ignored(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    return _bt(chosen_rewards, rejected_rewards, margin, None)
+
+
+def _bon(proxy, gold, ns, *, pick="proxy", prefix=True, report="gold", ties="first"):
+    if min(ns) < 1 or max(ns) > proxy.shape[1]:
+        raise ValueError("n out of range")
+    out = []
+    for n in ns:
+        cols = slice(0, n) if prefix else slice(None)
+        if pick == "none":
+            out.append(gold[:, :n].double().mean())
+            continue
+        score = (proxy if pick == "proxy" else gold)[:, cols]
+        if ties == "last":  # the last of equals: argmax over the reversed columns
+            idx = score.shape[1] - 1 - score.flip(1).argmax(1, keepdim=True)
+        else:
+            idx = score.argmax(1, keepdim=True)
+        out.append((gold if report == "gold" else proxy).gather(1, idx).double().mean())
+    return torch.stack(out)
+
+
+def bon_among_all(proxy, gold, ns):
+    return _bon(proxy, gold, ns, prefix=False)
+
+
+def bon_by_gold(proxy, gold, ns):
+    return _bon(proxy, gold, ns, pick="gold")
+
+
+def bon_reports_proxy(proxy, gold, ns):
+    return _bon(proxy, gold, ns, report="proxy")
+
+
+def bon_no_pick(proxy, gold, ns):
+    return _bon(proxy, gold, ns, pick="none")
+
+
+def bon_last_of_equals(proxy, gold, ns):
+    return _bon(proxy, gold, ns, ties="last")
+
+
+def bon_no_check(proxy, gold, ns):
+    return torch.stack([gold.gather(1, proxy[:, :n].argmax(1, keepdim=True)).double().mean() for n in ns])
+
+
 MISTAKES = [
     # (exercise, mistake name, wrong implementation, substring of the expected hint)
     ("gmpo_loss", "min for every sign (the sign error for A < 0)", gmpo_min_for_every_sign,
@@ -515,6 +611,20 @@ MISTAKES = [
     ("episode_gae", "an observation ends the episode", egae_observation_ends_episode, "across the observation"),
     ("episode_gae", "values left at the environment's tokens", egae_not_zeroed, "0 at the environment's tokens"),
     ("episode_gae", "values not detached", egae_values_not_detached, "constants"),
+    ("bradley_terry_loss", "the difference upside down", bt_sign_flipped, "must score HIGHER"),
+    ("bradley_terry_loss", "the likelihood without its log", bt_no_log, "negative LOG-likelihood"),
+    ("bradley_terry_loss", "log(sigmoid(x))", bt_naive_logsigmoid, "numerically stable log-sigmoid"),
+    ("bradley_terry_loss", "summed over the pairs", bt_sum, "MEAN over the pairs"),
+    ("bradley_terry_loss", "the margin added", bt_margin_added, "margin is SUBTRACTED"),
+    ("bradley_terry_loss", "centring on the difference", bt_center_on_difference, "SUM of the two rewards"),
+    ("bradley_terry_loss", "centring summed over the pairs", bt_center_summed, "is a MEAN over the pairs too"),
+    ("bradley_terry_loss", "center_coef ignored", bt_center_ignored, "center_coef was ignored"),
+    ("best_of_n_gold", "picked among all N", bon_among_all, "FIRST n samples"),
+    ("best_of_n_gold", "picked by the gold score", bon_by_gold, "PROXY's favourite"),
+    ("best_of_n_gold", "the proxy's score reported", bon_reports_proxy, "report the picks' GOLD"),
+    ("best_of_n_gold", "no pick at all", bon_no_pick, "no pick was made"),
+    ("best_of_n_gold", "the last of equals", bon_last_of_equals, "the FIRST sample is picked"),
+    ("best_of_n_gold", "no check of n", bon_no_check, "raise ValueError for an n outside"),
 ]
 
 
@@ -530,6 +640,8 @@ MINIRL = {
     "decoupled_ppo_terms": stale_corrections.decoupled_ppo_terms,
     "off_policy_sequence_mask": stale_corrections.off_policy_sequence_mask,
     "episode_gae": multiturn.episode_gae,
+    "bradley_terry_loss": reward_models.bradley_terry_loss,
+    "best_of_n_gold": reward_models.best_of_n_gold,
 }
 
 
@@ -594,5 +706,15 @@ def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, th
     log_r = torch.where(valid, sampler_logprobs - logprobs, 0.0)
     mean = log_r.sum(-1) / valid.sum(-1).clamp(min=1)
     return (mean <= threshold).to(logprobs.dtype)  # the advantage's sign ignored
+'''),
+    "bradley_terry_loss": ("the difference upside down", "must score HIGHER", '''
+def bradley_terry_loss(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    diff = rejected_rewards - chosen_rewards  # the wrong way round
+    if margin is not None:
+        diff = diff - margin
+    loss = torch.nn.functional.softplus(-diff).mean()
+    if center_coef:
+        loss = loss + center_coef * ((chosen_rewards + rejected_rewards) ** 2).mean()
+    return loss
 '''),
 }

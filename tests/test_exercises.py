@@ -968,7 +968,7 @@ def test_kit_size():
     names = exercises.list_exercises()
     assert len(names) >= 33
     assert len(exercises.list_exercises("10")) >= 1 and len(exercises.list_exercises("14")) >= 1
-    for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12"):
+    for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12", "15"):
         assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)
 
@@ -1165,6 +1165,24 @@ def test_the_checkers_copies_for_chapters_05_06_09_10_12_agree_with_minirl():
     n_big = torch.tensor([3000, 3000])
     torch.testing.assert_close(R.pass_at_k(n_big, torch.tensor([2, 5]), 400),
                                entropy.pass_at_k(n_big, torch.tensor([2, 5]), 400))
+
+
+def test_the_checkers_learned_reward_copies_agree_with_minirl():
+    """Chapter 15's references (bradley_terry_loss with and without margin and centring, best_of_n_gold) equal
+    minirl's functions, value and gradient, on random inputs."""
+    from minirl import reward_models
+
+    g = torch.Generator().manual_seed(3)
+    chosen = torch.randn(9, generator=g, dtype=torch.float64, requires_grad=True)
+    rejected, margin = torch.randn(9, generator=g, dtype=torch.float64), torch.rand(9, generator=g, dtype=torch.float64)
+    for kw in ({}, {"margin": margin}, {"center_coef": 0.05}, {"margin": margin, "center_coef": 0.05}):
+        a, b = R.bradley_terry_loss(chosen, rejected, **kw), reward_models.bradley_terry_loss(chosen, rejected, **kw)
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(torch.autograd.grad(a, chosen)[0], torch.autograd.grad(b, chosen)[0])
+    proxy = torch.randint(0, 4, (7, 16), generator=g).float()  # many ties
+    gold = (torch.rand(7, 16, generator=g) < 0.5).float()
+    ns = [1, 2, 3, 8, 16]
+    torch.testing.assert_close(R.best_of_n_gold(proxy, gold, ns), reward_models.best_of_n_gold(proxy, gold, ns))
 
 
 def test_the_checkers_route_alignment_copy_agrees_with_minirls_rollout():

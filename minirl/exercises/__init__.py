@@ -1,6 +1,6 @@
 """The course kit's checker: ``check("gae", my_gae)`` grades a student's function on hidden cases.
 
-Each exercise of ``notebooks/exercises/`` asks for one function that minirl implements; ``ch00`` .. ``ch14`` hold
+Each exercise of ``notebooks/exercises/`` asks for one function that minirl implements; ``ch00`` .. ``ch15`` hold
 their cases, chapter by chapter, and ``_core`` the machinery (see its docstring for how a case reports a mistake).
 
 Usage in a notebook::
@@ -11,7 +11,7 @@ Usage in a notebook::
 """
 
 # each chapter's module adds its exercises to EXERCISES
-from . import ch00, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch14  # noqa: F401
+from . import ch00, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch14, ch15  # noqa: F401
 from ._core import EXERCISES, Exercise, check, list_exercises
 
 __all__ = ["EXERCISES", "Exercise", "check", "list_exercises"]

@@ -295,3 +295,18 @@ def episode_gae(rewards, values, model_mask, *, gamma=1.0, lam=0.95):
                        lam=lam)
             adv[b, cols], ret[b, cols] = a[0], r[0]
     return adv, ret
+
+
+def bradley_terry_loss(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):
+    # -log sigmoid of the difference (less the margin) by softplus, then the centring term on the sum
+    diff = chosen_rewards - rejected_rewards - (margin if margin is not None else 0.0)
+    loss = F.softplus(-diff).mean()
+    return loss + center_coef * ((chosen_rewards + rejected_rewards) ** 2).mean() if center_coef else loss
+
+
+
+def best_of_n_gold(proxy, gold, ns):
+    # for each n: each prompt's proxy favourite among its first n samples (argmax keeps the first of equals)
+    if min(ns) < 1 or max(ns) > proxy.shape[1]:
+        raise ValueError("every n must be in [1, N]")
+    return torch.stack([gold.gather(1, proxy[:, :n].argmax(1, keepdim=True)).double().mean() for n in ns])

@@ -250,10 +250,33 @@ def sampler_mismatch():
     return fig
 
 
+def reward_models():
+    fig, ax = canvas(10, 4.0)
+    title(ax, 10, 4.0, "A learned reward stands in for the true one; optimising it hard finds where they disagree")
+    pol = box(ax, 0.2, 2.3, 1.6, 0.8, "policy\n(warm start)", TRAINED)
+    box(ax, 2.4, 2.3, 2.2, 0.8, "8 samples a prompt;\ngold checker pairs\na right one with a wrong one", DATA, size=8)
+    box(ax, 5.2, 2.3, 2.1, 0.8, "reward model\nscore r(x, y)\nBradley-Terry loss", CRITIC, size=8)
+    box(ax, 7.9, 2.3, 1.9, 0.8, "proxy reward\nfor RL or\nbest-of-n", RULE, size=8)
+    arrow(ax, (1.8, 2.7), (2.4, 2.7))
+    arrow(ax, (4.6, 2.7), (5.2, 2.7), "pairs")
+    arrow(ax, (7.3, 2.7), (7.9, 2.7))
+    arrow(ax, (8.85, 2.3), (pol[0], 2.3), "optimise the policy against the proxy", offset=(0, -0.35), rad=-0.25)
+    box(ax, 0.2, 0.25, 4.2, 0.95, "gold reward: the task's exact checker\n(never seen by the policy; "
+        "measures every point)", NOTE, size=8)
+    v = [i / 60 for i in range(61)]
+    ax.plot([5.6 + 4.2 * t for t in v], [0.35 + 0.95 * t for t in v], color="#3c78d8", lw=1.5)
+    ax.plot([5.6 + 4.2 * t for t in v], [0.35 + 2.2 * t * (1 - t) for t in v], color="#cc4125", lw=1.5)
+    ax.text(9.8, 1.33, "proxy", color="#3c78d8", fontsize=8, ha="right", va="bottom")
+    ax.text(9.8, 0.45, "gold", color="#cc4125", fontsize=8, ha="right")
+    ax.text(7.7, 0.05, "distance from the start, d = sqrt(KL)  (schematic)", fontsize=8, ha="center")
+    return fig
+
+
 DIAGRAMS = {"00_task_and_models": task_and_models, "01_policy_gradient": policy_gradient,
             "02_ppo": ppo_four_models, "03_grpo": grpo_group, "04_kl_estimators": kl_placements,
             "05_dapo": dapo_changes, "07_gspo_moe": gspo_moe, "08_preference": dpo_derivation,
-            "10_to_trl": to_trl, "11_sampler_mismatch": sampler_mismatch}
+            "10_to_trl": to_trl, "11_sampler_mismatch": sampler_mismatch,
+            "15_reward_models": reward_models}
 
 
 def main():

@@ -51,6 +51,17 @@ def reward_model(policy, seed: int):
     return models.ValueModel(policy)
 
 
+def probe_callback(points: list, model, start, tok, probe, proxy, seed: int):
+    """A ``train_rl`` callback that appends, every PROBE_EVERY steps, where ``model`` stands (gold, proxy, d)."""
+
+    def measure(step: int, row: dict | None = None) -> None:
+        if step % PROBE_EVERY == 0:
+            points.append({"step": step, **rml.proxy_and_gold(model, start, tok, probe, proxy,
+                                                                samples_per_prompt=PROBE_SAMPLES, seed=seed)})
+
+    return measure
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, required=True)
@@ -65,9 +76,11 @@ def main() -> None:
 
     pairs = rml.gold_pairs(policy, tok, train.select(range(PAIR_PROMPTS)), seed=seed)
     held = rml.gold_pairs(policy, tok, train.select(range(3000, 3000 + HELD_PROMPTS)), seed=seed + 100)
-    quarter = rml.Pairs(pairs.chosen[:len(pairs) // 4], pairs.rejected[:len(pairs) // 4], pairs.flipped[:len(pairs) // 4])
+    q = len(pairs) // 4
+    quarter = rml.Pairs(pairs.chosen[:q], pairs.rejected[:q], pairs.flipped[:q])
     proxies, accuracy = {}, {}
-    for name, data, member in (("small", quarter, 0), ("large", pairs, 0), ("large_2", pairs, 1), ("large_3", pairs, 2)):
+    members = (("small", quarter, 0), ("large", pairs, 0), ("large_2", pairs, 1), ("large_3", pairs, 2))
+    for name, data, member in members:
         model = reward_model(policy, 10 * seed + member)
         rml.train_reward_model(model, tok, data, **RM, seed=10 * seed + member)
         proxies[name] = learned_reward(model, tok)
@@ -95,12 +108,7 @@ def main() -> None:
         model, start = copy.deepcopy(policy), copy.deepcopy(policy).eval()
         proxy = proxies["large" if arm in ("large_kl", "gold") else arm]  # the gold arm is measured by "large"
         points = []
-
-        def measure(step: int, row: dict | None = None) -> None:
-            if step % PROBE_EVERY == 0:
-                points.append({"step": step, **rml.proxy_and_gold(model, start, tok, probe, proxy,
-                                                                    samples_per_prompt=PROBE_SAMPLES, seed=seed)})
-
+        measure = probe_callback(points, model, start, tok, probe, proxy, seed)
         measure(0)
         cfg = make_config("grpo", **{**RL, **switches}, seed=seed)
         rl.train_rl(model, tok, cfg, train, reward_fn=None if arm == "gold" else proxy, callback=measure)
