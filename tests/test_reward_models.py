@@ -307,3 +307,19 @@ def test_proxy_and_gold_measure_fresh_samples_against_the_start(tok):
     moved = rml.proxy_and_gold(policy, other, tok, data, proxy, samples_per_prompt=3, max_new_tokens=6)
     assert moved["kl"] > 0.01 and moved["d"] == pytest.approx(math.sqrt(moved["kl"]))
     assert moved["gold"] == same["gold"] and moved["proxy"] == same["proxy"]  # the same seed: the same samples
+
+
+# paper-index: reward_models.best_of_n_gold
+def test_best_of_n_gold_by_hand_ties_and_refusals():
+    proxy, gold = torch.tensor([[0.1, 0.9, 0.5, 0.95]]), torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    # n = 1: sample 0 (gold 1); n = 2, 3: sample 1 (0.9, gold 0); n = 4: sample 3 (0.95, gold 0)
+    assert rm.best_of_n_gold(proxy, gold, [1, 2, 3, 4]).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert rm.best_of_n_gold(proxy, proxy, [1, 2, 4]).tolist() == pytest.approx([0.1, 0.9, 0.95])  # the proxy's own
+    tied = torch.tensor([[1.0, 1.0, 0.0]])
+    assert rm.best_of_n_gold(tied, torch.tensor([[0.0, 1.0, 1.0]]), [2, 3]).tolist() == [0.0, 0.0]  # the first
+    with pytest.raises(ValueError, match=r"in \[1, 4\]"):
+        rm.best_of_n_gold(proxy, gold, [5])
+    with pytest.raises(ValueError, match="finite"):
+        rm.best_of_n_gold(torch.tensor([[float("nan"), 1.0]]), torch.zeros(1, 2), [2])
+    with pytest.raises(ValueError, match="gold"):
+        rm.best_of_n_gold(proxy, gold[:, :3], [1])
