@@ -49,6 +49,7 @@ ALLOWED = {
     "12_stale_samplers": [],
     "13_real_model": [],
     "14_multi_turn": [],
+    "15_reward_models": [],
 }
 
 # A figure: a number with a decimal point (0.358, 2.79, .5, 1.5e-3) or a percentage (27%, 1.9%), signs dropped.

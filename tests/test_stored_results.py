@@ -45,3 +45,18 @@ def test_a_stored_sweep_names_its_command_commit_time_and_keeps_every_run(path):
             assert sweep.run_file(path.parent, arm, seed).exists(), (arm, seed)
     assert summary == {**sweep.summarize(spec, path.parent), **{k: summary[k] for k in summary
                                                                    if k not in ("name", "spec", "arms")}}
+
+
+PER_SEED = sorted((Path(__file__).resolve().parent.parent / "notebooks" / "results").glob("*/seed*.json"))
+
+
+@pytest.mark.parametrize("path", PER_SEED, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_a_per_seed_result_names_its_script_seed_commit_and_time(path):
+    """A script that writes one file per seed (``results/NAME.py --seed S`` -> ``results/NAME/seedS.json``)."""
+    result = json.loads(path.read_text())
+    script = path.parent.with_suffix(".py")
+    assert script.exists(), script
+    assert result["command"] == f"python notebooks/results/{script.name} --seed {result['seed']}", result["command"]
+    assert path.name == f"seed{result['seed']}.json"
+    assert len(result["commit"]) >= 7 and all(c in "0123456789abcdef" for c in result["commit"]), result["commit"]
+    assert result["seconds"] > 0
