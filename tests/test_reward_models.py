@@ -323,3 +323,29 @@ def test_best_of_n_gold_by_hand_ties_and_refusals():
         rm.best_of_n_gold(torch.tensor([[float("nan"), 1.0]]), torch.zeros(1, 2), [2])
     with pytest.raises(ValueError, match="gold"):
         rm.best_of_n_gold(proxy, gold[:, :3], [1])
+
+
+def test_step_labels_agree_with_the_tasks_own_steps_and_the_gold_reward():
+    """On the warm start's own samples: each step label is the task's worked step written out (multiturn's
+    independent implementation), and a completion whose every step is labelled right, with as many steps as the
+    problem and the last total after '#', is exactly what the gold reward scores 1 (given the task's format)."""
+    from minirl import decoding, multiturn, tasks
+    from minirl.warm_start import warm_start
+
+    policy, tok, _ = warm_start("cpu", seed=0, progress=False)
+    data = tasks.load_split("test").select(range(48))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        r = decoding.generate(policy, tok, list(data["prompt"]), 4, 40, recompute_logprobs=False)
+    answers = [a for a in data["answer"] for _ in range(4)]
+    checked = 0
+    for prompt, completion, answer in zip(r.prompts, r.completions, answers, strict=True):
+        labels, steps = rm.step_labels(prompt, completion), multiturn.worked_steps(prompt)
+        written = completion.split("#")[0].split(";")
+        assert labels == [int(i < len(steps) and w == steps[i]) for i, w in enumerate(written)], (prompt, completion)
+        gold = tasks.score(completion, answer).reward
+        all_right = len(labels) == len(steps) and all(labels)
+        if all_right and completion.count("#") == 1 and completion.split("#")[1] == answer:
+            assert gold == 1.0, (prompt, completion)
+            checked += 1
+    assert checked >= 20  # the warm start writes many fully right solutions: the implication was exercised
