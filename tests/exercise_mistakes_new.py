@@ -1,6 +1,7 @@
 """The named mistakes of the course kit's exercises added by issue 40 (05's gmpo_loss, 10, 06 entropy,
-09 distillation, 12 stale samplers) and after it (14 multi-turn, 15 learned rewards): each a wrong implementation the checker must reject with the hint that names it,
-and minirl's own function in the exercise's signature (a submission that calls through to minirl is refused).
+09 distillation, 12 stale samplers) and after it (14 multi-turn, 15 learned rewards): each a wrong implementation the
+checker must reject with the hint that names it, and minirl's own function in the exercise's signature (a submission
+that calls through to minirl is refused).
 
 tests/test_exercises.py runs them with the kit's other mistakes (MISTAKES, MINIRL there are extended with these).
 Where the field made the mistake in public, it is that bug: the min / max clip whose side does not follow the
