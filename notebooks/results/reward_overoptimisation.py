@@ -14,9 +14,14 @@ dense warm start and:
    steps of 32, lr 1e-4): matched samples, one label per completion against one per partial sum;
 4. best-of-n on 128 held-out prompts for n = 1, 2, 4, 8, 16, 32 against each proxy (d = sqrt(log n - (n - 1)/n));
 5. GRPO (40 steps of 8 prompts x 8, lr 5e-5, 2 minibatches, beta 0 unless named) against the proxies "small",
-   "large", "large" with a KL penalty (beta 0.1, k3 in the loss), the ensemble, the process model, and against the
-   gold reward itself (the positive control: RL that is not fooled). Every 4 steps: 64 held-out prompts x 4 fresh
-   samples, their gold reward, proxy score and true KL to the warm start (``reward_model_loop.proxy_and_gold``).
+   "large", "large" with a KL penalty (beta 0.1, k3 in the loss), the ensemble, the process and the outcome models,
+   and against the gold reward itself (the positive control: RL that is not fooled). Every 4 steps: 64 held-out
+   prompts x 4 fresh samples, their gold reward, proxy score and true KL to the warm start
+   (``reward_model_loop.proxy_and_gold``).
+
+``--add-arm outcome`` runs one RL arm and adds it to an existing ``seed<S>.json`` (training only the reward model it
+needs, as the full run trains it; recorded under "additions" with its own command, commit and time): the stored seeds
+were run without the outcome arm first.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ NS = [1, 2, 4, 8, 16, 32]
 RL = dict(steps=40, prompts_per_step=8, group_size=8, max_new_tokens=40, lr=5e-5, num_minibatches=2, beta=0.0,
           progress=False)
 PROBE_EVERY, PROBE_SAMPLES = 4, 4
-ARMS = {"small": {}, "large": {}, "large_kl": dict(beta=0.1), "ensemble_min": {}, "process": {}, "gold": {}}
+ARMS = {"small": {}, "large": {}, "large_kl": dict(beta=0.1), "ensemble_min": {}, "process": {}, "gold": {},
+        "outcome": {}}
 
 
 def reward_model(policy, seed: int):
@@ -62,17 +68,54 @@ def probe_callback(points: list, model, start, tok, probe, proxy, seed: int):
     return measure
 
 
+def labelled_models(policy, tok, train, seed: int, kinds=("outcome", "process")) -> dict:
+    """The outcome and process models, trained on the same gold-labelled completions (matched samples)."""
+    labelled = rml.gold_labelled(policy, tok, train.select(range(LABELLED_PROMPTS)), seed=seed + 200)
+    proxies = {}
+    for kind in kinds:
+        model = reward_model(policy, 10 * seed + 5)
+        rml.train_labelled(model, tok, labelled, kind=kind, **RM, seed=10 * seed + 5)
+        proxies[kind] = learned_reward(model, tok) if kind == "outcome" else rml.process_reward(model, tok)
+    return proxies, {"completions": len(labelled), "right": sum(labelled.outcome)}
+
+
+def run_arm(arm: str, policy, tok, train, test, proxies: dict, seed: int) -> dict:
+    """GRPO from ``policy`` against the arm's reward, probed every PROBE_EVERY steps."""
+    t_arm = time.time()
+    model, start = copy.deepcopy(policy), copy.deepcopy(policy).eval()
+    proxy = proxies["large" if arm in ("large_kl", "gold") else arm]  # the gold arm is measured by "large"
+    points = []
+    measure = probe_callback(points, model, start, tok, test.select(range(PROBE_PROMPTS)), proxy, seed)
+    measure(0)
+    cfg = make_config("grpo", **{**RL, **ARMS[arm]}, seed=seed)
+    rl.train_rl(model, tok, cfg, train, reward_fn=None if arm == "gold" else proxy, callback=measure)
+    print(arm, [(p["step"], round(p["d"], 2), round(p["gold"], 3), round(p["proxy"], 2)) for p in points],
+          flush=True)
+    return {"points": points, "seconds": round(time.time() - t_arm, 1)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--add-arm", choices=["outcome"], help="add one RL arm to an existing seed<S>.json")
     args = parser.parse_args()
     seed, t0 = args.seed, time.time()
     torch.set_num_threads(1)
     train, test = tasks.load_split("train"), tasks.load_split("test")
     policy, tok, _ = warm_start("cpu", seed=0, progress=False)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out = {"command": f"python notebooks/results/reward_overoptimisation.py --seed {seed}", "commit": commit,
-           "seed": seed, "rm": RM, "rl": RL, "ns": NS, "arms": ARMS}
+    command = f"python notebooks/results/reward_overoptimisation.py --seed {seed}"
+    if args.add_arm:
+        path = OUT / f"seed{seed}.json"
+        out = json.loads(path.read_text())
+        proxies, _ = labelled_models(policy, tok, train, seed, kinds=(args.add_arm,))
+        out["rl"][args.add_arm] = run_arm(args.add_arm, policy, tok, train, test, proxies, seed)
+        out["arms"] = ARMS
+        out.setdefault("additions", []).append({"command": f"{command} --add-arm {args.add_arm}", "commit": commit,
+                                                "seconds": round(time.time() - t0, 1)})
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        return
+    out = {"command": command, "commit": commit, "seed": seed, "rm": RM, "rl": RL, "ns": NS, "arms": ARMS}
 
     pairs = rml.gold_pairs(policy, tok, train.select(range(PAIR_PROMPTS)), seed=seed)
     held = rml.gold_pairs(policy, tok, train.select(range(3000, 3000 + HELD_PROMPTS)), seed=seed + 100)
@@ -88,33 +131,15 @@ def main() -> None:
                           "held_out": rml.pair_accuracy(model, tok, held)}
         print(name, accuracy[name], round(time.time() - t0), flush=True)
     proxies["ensemble_min"] = ensemble_reward([proxies[k] for k in ("large", "large_2", "large_3")], how="min")
-    labelled = rml.gold_labelled(policy, tok, train.select(range(LABELLED_PROMPTS)), seed=seed + 200)
-    for kind in ("outcome", "process"):
-        model = reward_model(policy, 10 * seed + 5)
-        rml.train_labelled(model, tok, labelled, kind=kind, **RM, seed=10 * seed + 5)
-        proxies[kind] = learned_reward(model, tok) if kind == "outcome" else rml.process_reward(model, tok)
+    labelled_proxies, out["labelled"] = labelled_models(policy, tok, train, seed)
+    proxies.update(labelled_proxies)
     out["reward_models"] = accuracy
-    out["labelled"] = {"completions": len(labelled), "right": sum(labelled.outcome)}
 
     bon_data = test.select(range(BON_PROMPTS))
     out["best_of_n"] = {name: rml.best_of_n(policy, tok, bon_data, proxies[name], NS, seed=seed)
                         for name in ("small", "large", "ensemble_min", "outcome", "process")}
     print("best-of-n", {k: [round(r["gold"], 3) for r in v] for k, v in out["best_of_n"].items()}, flush=True)
-
-    probe = test.select(range(PROBE_PROMPTS))
-    out["rl"] = {}
-    for arm, switches in ARMS.items():
-        t_arm = time.time()
-        model, start = copy.deepcopy(policy), copy.deepcopy(policy).eval()
-        proxy = proxies["large" if arm in ("large_kl", "gold") else arm]  # the gold arm is measured by "large"
-        points = []
-        measure = probe_callback(points, model, start, tok, probe, proxy, seed)
-        measure(0)
-        cfg = make_config("grpo", **{**RL, **switches}, seed=seed)
-        rl.train_rl(model, tok, cfg, train, reward_fn=None if arm == "gold" else proxy, callback=measure)
-        out["rl"][arm] = {"points": points, "seconds": round(time.time() - t_arm, 1)}
-        print(arm, [(p["step"], round(p["d"], 2), round(p["gold"], 3), round(p["proxy"], 2)) for p in points],
-              flush=True)
+    out["rl"] = {arm: run_arm(arm, policy, tok, train, test, proxies, seed) for arm in ARMS}
     out["seconds"] = round(time.time() - t0, 1)
     OUT.mkdir(exist_ok=True)
     (OUT / f"seed{seed}.json").write_text(json.dumps(out, indent=1) + "\n")
