@@ -32,10 +32,6 @@ BT_CENTER_DIFF = ("the centring term squares the SUM of the two rewards, center_
 BT_CENTER_SUM = "the centring term is a MEAN over the pairs too, center_coef * mean((r_c + r_r)^2), not a sum"
 
 
-def _softplus(x: float) -> float:
-    return math.log1p(math.exp(-abs(x))) + max(x, 0.0)
-
-
 @_case(ex, "two pairs by hand", BT_SIGN)
 def _(fn, gen):
     loss = _loss(fn(_t([1.0, 0.0]), _t([0.0, 0.0])))
