@@ -113,7 +113,7 @@ def main() -> None:
         out["arms"] = ARMS
         out.setdefault("additions", []).append({"command": f"{command} --add-arm {args.add_arm}", "commit": commit,
                                                 "seconds": round(time.time() - t0, 1)})
-        path.write_text(json.dumps(out, indent=1) + "\n")
+        path.write_text(json.dumps(out, separators=(",", ":")) + "\n")
         return
     out = {"command": command, "commit": commit, "seed": seed, "rm": RM, "rl": RL, "ns": NS, "arms": ARMS}
 
@@ -142,7 +142,7 @@ def main() -> None:
     out["rl"] = {arm: run_arm(arm, policy, tok, train, test, proxies, seed) for arm in ARMS}
     out["seconds"] = round(time.time() - t0, 1)
     OUT.mkdir(exist_ok=True)
-    (OUT / f"seed{seed}.json").write_text(json.dumps(out, indent=1) + "\n")
+    (OUT / f"seed{seed}.json").write_text(json.dumps(out, separators=(",", ":")) + "\n")
 
 
 if __name__ == "__main__":
