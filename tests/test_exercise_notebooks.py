@@ -411,6 +411,33 @@ def test_student_package_holds_no_answer(student):
         assert f"`{path.name}` (the lesson in the folder above this one)" in path.read_text()
 
 
+def test_student_package_is_built_from_tracked_files_only(tmp_path_factory):
+    """Issue 53: after a book build the package grew from 36 to 66 MiB and held ``notebooks/book/_build/`` (the
+    unstripped lessons, solution code included). Built from ``git ls-files``, it holds no build output and no
+    untracked file, whatever lies in the working folder: here a book build's output and a notebook checkpoint, each
+    with a solution region, planted in ignored folders."""
+    planted = [ROOT / "notebooks" / "book" / "_build" / "student_package_probe" / "02_ppo.ipynb",
+               ROOT / "notebooks" / "figures" / ".ipynb_checkpoints" / "student_package_probe.ipynb"]
+    try:
+        for path in planted:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text('{"cells": [{"source": "### BEGIN SOLUTION\\nreturn advantages\\n### END SOLUTION"}]}')
+        out, sp = _student_package(tmp_path_factory)
+    finally:
+        for path in planted:
+            path.unlink(missing_ok=True)
+    files = {p.relative_to(out) for p in out.rglob("*") if p.is_file()}
+    tracked = {p for folder in ("minirl", "data", "notebooks") for p in sp.tracked(folder)}
+    made = {Path("README.md"), Path("pyproject.toml")} | {p for p in files if p.parent == Path("notebooks")} | {
+        p for p in files if p.parts[:2] == ("notebooks", "exercises")}  # written by the builder: lessons, release
+    assert files - made <= tracked, sorted(files - made - tracked)[:5]
+    assert not any("_build" in p.parts or ".ipynb_checkpoints" in p.parts or "__pycache__" in p.parts for p in files)
+    for path in files:
+        assert "BEGIN SOLUTION" not in (out / path).read_text(errors="replace"), path
+    size = sum((out / p).stat().st_size for p in files) / 2**20
+    assert size < 40, size  # about 36 MiB: the warm starts, the lessons, the stored results
+
+
 def test_student_package_checker_defers_what_needs_the_key(student):
     """In the package the check cells work: hand cases run, the ones that need the answer key are deferred (and the
     answer key cannot be submitted)."""

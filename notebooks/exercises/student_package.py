@@ -15,7 +15,9 @@ DIR/ mirrors the repository, so every relative path the lessons and the checker 
 - ``notebooks/exercises/``: the stored release (stubs, no solutions, no hidden tests).
 
 Left out: the source exercise notebooks, the teacher's page, ``tests/`` (whose wrong implementations sit next to
-the solutions), the git history.
+the solutions), the git history. Only files git tracks are copied (``tracked``), never the working folder as it is: a
+built book (``notebooks/book/_build/``, the unstripped lessons), generated pages, caches and a teacher's scratch files
+stay out.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import ast
 import json
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -186,24 +189,46 @@ README = """# minirl: the student package
 """
 
 
+def tracked(folder: str) -> list[Path]:
+    """The files git tracks under ``folder`` (relative to the repository), as paths relative to it.
+
+    Raises:
+        RuntimeError: outside a git checkout (the package is never built from an untracked working folder).
+    """
+    run = subprocess.run(["git", "ls-files", "-z", "--", folder], cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"the student package is built from the files git tracks, and {ROOT} is not a git "
+                           f"checkout: {run.stderr.strip()}")
+    return [Path(p) for p in run.stdout.split("\0") if p]
+
+
+def _copy(paths: list[Path], out: Path) -> None:
+    for rel in paths:
+        if (ROOT / rel).is_file():  # a tracked file deleted in the working tree is left out
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, out / rel)
+
+
 def build(out: Path) -> str:
-    """Write the student package to ``out`` (emptied first; refused inside the repository) and describe it."""
+    """Write the student package to ``out`` (emptied first; refused inside the repository) from the files git tracks,
+    and describe it.
+
+    Raises:
+        ValueError: for a folder inside the repository. RuntimeError: outside a git checkout (``tracked``).
+    """
     out = Path(out).resolve()
     if out == ROOT or ROOT in out.parents:
         raise ValueError(f"build the student package outside the repository, not in {out}")
     if out.exists():
         shutil.rmtree(out)
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
-    shutil.copytree(ROOT / "minirl", out / "minirl", ignore=ignore)
+    _copy(tracked("minirl") + tracked("data"), out)
     (out / KEY).write_text(stand_in_key((ROOT / KEY).read_text()))
-    shutil.copytree(ROOT / "data", out / "data", ignore=ignore)
     shutil.copy(ROOT / "pyproject.toml", out / "pyproject.toml")
     (out / "README.md").write_text(README)
     nbdir = out / "notebooks"
     nbdir.mkdir()
-    for child in (ROOT / "notebooks").iterdir():
-        if child.is_dir() and child.name not in ("exercises", ".ipynb_checkpoints"):
-            shutil.copytree(child, nbdir / child.name, ignore=ignore)
+    # the lessons' folders (results, figures, the book's sources ...): tracked files only, never build output
+    _copy([p for p in tracked("notebooks") if len(p.parts) > 2 and p.parts[1] != "exercises"], out)
     names = answer_names()
     changed = {}
     for lesson in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
