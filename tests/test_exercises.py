@@ -1293,3 +1293,24 @@ def test_check_leaves_the_global_rng_alone():
     exercises.check("token_logprobs", REFERENCE["token_logprobs"], quiet=True)
     exercises.check("gae", REFERENCE["gae"], quiet=True)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_the_teachers_page_coverage_and_examples_are_what_the_kit_gives():
+    """Issue 53: the teacher's page showed the old chapter numbers (gae under 01) and a ``list_exercises("08")``
+    output of another chapter. Its coverage tables are generated (tests/teacher_tables.py) and must equal what the
+    checker and the planted mistakes give now; each ``list_exercises`` example's comment is the call's output."""
+    import re
+
+    import teacher_tables
+
+    page = teacher_tables.PAGE.read_text()
+    assert teacher_tables.page_block(page) == teacher_tables.tables(MISTAKES), "run python tests/teacher_tables.py"
+    examples = re.findall(r'exercises\.list_exercises\("(\d\d)"\)\s+# (\[.*\])', page)
+    assert examples
+    for chapter, shown in examples:
+        assert shown == str(exercises.list_exercises(chapter)), (chapter, shown)
+    assert f"**{len(MISTAKES)} in all**" in page  # the named mistakes' count in the prose
+    checks = re.findall(r'exercises\.check\("(\w+)", my_\w+\)\s+# prints "\w+: all (\d+) cases passed"', page)
+    assert checks
+    for name, passed in checks:
+        assert int(passed) == len(exercises.EXERCISES[name].cases), name
