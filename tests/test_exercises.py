@@ -40,11 +40,17 @@ from minirl.exercises import _reference
 
 
 def _private_copy(module):
-    """A copy of ``module`` under another name: the wrong implementations below build on the answer key, which
-    refuses to run inside a check (a submission importing it is refused); the copy's functions are not refused."""
+    """A copy of ``module`` under another name, from a copy of its file: the wrong implementations below build on the
+    answer key, which refuses to run inside a check (a submission importing it is refused, and so is one that loads
+    the key's own file a second time); the copy's functions, written at another path, are not refused (as a student
+    who pasted the key's text would not be: the threat model of notebooks/exercises/README.md)."""
     import importlib.util
+    import shutil
+    import tempfile
 
-    spec = importlib.util.spec_from_file_location("reference_copy_for_the_tests", module.__file__)
+    path = Path(tempfile.mkdtemp(prefix="minirl-key-copy-")) / "reference_copy_for_the_tests.py"
+    shutil.copy(module.__file__, path)
+    spec = importlib.util.spec_from_file_location("reference_copy_for_the_tests", path)
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)
     return copy
@@ -1314,3 +1320,48 @@ def test_the_teachers_page_coverage_and_examples_are_what_the_kit_gives():
     assert checks
     for name, passed in checks:
         assert int(passed) == len(exercises.EXERCISES[name].cases), name
+
+
+# --- issue 53: submissions that do no work ---------------------------------------------------------------------------
+def test_a_submission_that_raises_the_checkers_no_reference_is_refused(monkeypatch):
+    """Cheat 1 of issue 53: a body that only raised ``_NoReference`` scored 6/6 under nbgrader. A case is deferred
+    only when the installed key is the student package's stand-in AND the stand-in itself raised; here neither."""
+    from minirl.exercises._core import _NoReference
+
+    def k3(logprobs, ref_logprobs):
+        raise _NoReference()
+
+    with pytest.raises(AssertionError, match="raised the checker's _NoReference itself"):
+        exercises.check("k3", k3, quiet=True)
+    monkeypatch.setattr(_reference, "STAND_IN", True, raising=False)  # as in the student package: still refused
+    with pytest.raises(AssertionError, match="raised the checker's _NoReference itself"):
+        exercises.check("k3", k3, quiet=True)
+
+
+def test_a_submission_that_borrows_minirls_code_object_is_refused():
+    """Cheat 3 of issue 53: minirl's ``__code__`` copied into the student's function before the check (6/6)."""
+
+    def k3(logprobs, ref_logprobs):
+        raise NotImplementedError
+
+    k3.__code__ = kl.k3.__code__  # the library's code under the student's name
+    with pytest.raises(AssertionError, match=r"calls minirl\.kl\.k3"):
+        exercises.check("k3", k3, quiet=True)
+    exercises.check("k3", REFERENCE["k3"], quiet=True)  # the guard is undone: an honest submission passes after it
+
+
+def test_a_submission_from_a_second_copy_of_the_answer_key_is_refused():
+    """Cheat 4 of issue 53: the answer key's own file loaded again under another module name (6/6 on the grader)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("not_the_key", _reference.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    with pytest.raises(AssertionError, match=r"calls minirl\.exercises\._reference\.gae"):
+        exercises.check("gae", copy.gae, quiet=True)
+
+    def gae(rewards, values, mask, *, gamma=1.0, lam=0.95):  # the copy called from inside the student's function
+        return copy.gae(rewards, values, mask, gamma=gamma, lam=lam)
+
+    with pytest.raises(AssertionError, match=r"calls minirl\.exercises\._reference\.gae"):
+        exercises.check("gae", gae, quiet=True)

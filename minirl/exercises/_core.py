@@ -26,6 +26,8 @@ verdict on every machine and thread count.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -187,16 +189,44 @@ def _guarded(fn: Callable) -> Callable:
     the check, is caught) and restored after each call. The checker's own references run between the calls."""
     refusable = _refusable()
 
+    files = _answer_files()
+
     def guarded(*args, **kwargs):
+        seen: list = []
+
+        def watch(frame, event, arg):  # every Python call while the submission runs
+            if event == "call" and not seen and frame.f_code.co_filename in files:
+                seen.append(f"{files[frame.f_code.co_filename]}.{frame.f_code.co_name}")
+
         for f, (_, refusing) in refusable.items():
             f.__code__ = refusing
+        previous = sys.getprofile()
+        sys.setprofile(watch)
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+        except Exception:
+            if seen:  # the answer code ran (and then failed): the refusal, not its error, is the verdict
+                raise _CallsMinirl(seen[0]) from None
+            raise
         finally:
+            sys.setprofile(previous)
             for f, (code, _) in refusable.items():
                 f.__code__ = code
+        if seen:  # answer code run under another name: a copied __code__, a second copy of a module loaded by path
+            raise _CallsMinirl(seen[0])
+        return out
 
     return guarded
+
+
+def _answer_files() -> dict[str, str]:
+    """{source file: module} of the answer modules, as code objects name their file (the path Python loaded it by)."""
+    files = {}
+    for module_name in answer_modules():
+        path = importlib.import_module(module_name).__file__
+        for variant in (path, os.path.realpath(path), os.path.abspath(path)):
+            files[variant] = module_name
+    return files
 
 
 def _refusal_message(ex: Exercise, dotted: str) -> str:
@@ -217,8 +247,11 @@ def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run
     where = f"{name}: case {i}/{len(ex.cases)} '{case_name}' failed"
     try:
         run(fn, torch.Generator().manual_seed(1000 * seed + i))
-    except _NoReference:
-        return 1
+    except _NoReference as e:
+        if _deferred_by_the_stand_in(e):
+            return 1
+        raise AssertionError(f"{where}: the submission raised the checker's _NoReference itself; only the student "
+                             "package's stand-in for the answer key defers a case to grading") from None
     except _CallsMinirl as c:
         raise AssertionError(_refusal_message(ex, c.args[0])) from None
     except _Mismatch as m:
@@ -229,6 +262,19 @@ def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run
     except Exception as e:  # the student's code crashed: show its error and the case's hint
         raise AssertionError(f"{where}: the function raised {type(e).__name__}: {e}\n  Hint: {hint}") from e
     return 0
+
+
+def _deferred_by_the_stand_in(e: _NoReference) -> bool:
+    """Whether ``e`` is a genuine deferral: the installed answer key is the student package's stand-in (on a grading
+    machine it is the real key, and nothing defers), and the exception was raised by the stand-in's own code, not by
+    the submission (issue 53: a body that only raised _NoReference scored full marks)."""
+    key = importlib.import_module(ANSWER_KEY)
+    if not getattr(key, "STAND_IN", False):
+        return False
+    tb = e.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.realpath(tb.tb_frame.f_code.co_filename) == os.path.realpath(key.__file__)
 
 
 def _fmt(t: Tensor) -> str:

@@ -170,7 +170,8 @@ def stand_in_key(text: str) -> str:
              "Every reference implementation here raises ``_NoReference``: ``exercises.check`` runs the hand-worked",
              "cases and defers the cases that compare with the reference (the seeded random ones) to grading.",
              '"""', "", "from __future__ import annotations", "", "from ..checks import exp_linear_above",
-             "from ._core import _NoReference", "", "CAP = 20.0", "", "",
+             "from ._core import _NoReference", "", "STAND_IN = True  # the checker defers a case only to this key", "",
+             "CAP = 20.0", "", "",
              "def exp_lin(x):", "    return exp_linear_above(x, CAP)", "", "",
              "def _absent(*args, **kwargs):", "    raise _NoReference()", ""]
     lines += [f"{name} = _absent" for name in names]
