@@ -1365,3 +1365,21 @@ def test_a_submission_from_a_second_copy_of_the_answer_key_is_refused():
 
     with pytest.raises(AssertionError, match=r"calls minirl\.exercises\._reference\.gae"):
         exercises.check("gae", gae, quiet=True)
+
+
+def test_a_mistake_no_case_knows_gets_no_guessed_cause():
+    """Issue 53: ``exact_kl`` averaged over the vocabulary instead of summed was told "this is KL(ref || pi)". A
+    value no known mistake gives is reported as wrong, with what was got and expected, and no "Likely mistake"."""
+
+    def exact_kl(logits, ref_logits):
+        logp, logq = torch.log_softmax(logits, -1), torch.log_softmax(ref_logits, -1)
+        return (logp.exp() * (logp - logq)).mean(-1)  # averaged over the vocabulary
+
+    with pytest.raises(AssertionError) as err:
+        exercises.check("exact_kl", exact_kl, quiet=True)
+    message = str(err.value)
+    assert "Likely mistake" not in message and "No known mistake gives this value" in message
+    assert "got (" in message and "expected (" in message
+    # a recognised one is still named as the likely mistake
+    with pytest.raises(AssertionError, match="Likely mistake: "):
+        exercises.check("k3", lambda lp, ref: torch.exp(lp - ref) - 1 - (lp - ref), quiet=True)

@@ -39,7 +39,8 @@ from torch import Tensor
 
 
 class _Mismatch(Exception):
-    """Raised inside a case when the student's output is wrong. ``hint`` None means "use the case's own hint"."""
+    """Raised inside a case when the student's output is wrong. ``hint``: the known mistake the wrong value matches;
+    None: not recognised (the message then says so, and shows the case's own hint as what the case is for)."""
 
     def __init__(self, hint: str | None = None, detail: str = ""):
         super().__init__(hint or detail)
@@ -256,7 +257,11 @@ def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run
         raise AssertionError(_refusal_message(ex, c.args[0])) from None
     except _Mismatch as m:
         detail = f"\n  ({m.detail})" if m.detail else ""
-        raise AssertionError(f"{where}.\n  Likely mistake: {m.hint or hint}{detail}") from None
+        if m.hint:  # the wrong value is one a known mistake gives: name it
+            raise AssertionError(f"{where}.\n  Likely mistake: {m.hint}{detail}") from None
+        # not recognised: say what is wrong and what the case is for, and guess no cause (issue 53)
+        raise AssertionError(f"{where}: wrong on this case{detail}.\n  No known mistake gives this value; the case "
+                             f"was written to catch this one (it may not be yours): {hint}") from None
     except NotImplementedError:
         raise AssertionError(f"{name}: not implemented yet (the function raised NotImplementedError)") from None
     except Exception as e:  # the student's code crashed: show its error and the case's hint
