@@ -3,9 +3,11 @@
 Each lesson opens with one picture of its idea (STYLE.md, "Notebooks: lessons, not lab records"), shown by a markdown
 cell as ``![...](figures/NN_name.png)``, so it renders in Jupyter, on the code host and in the book. The pictures are
 boxes, arrows and a few formulas, no measured result: a figure a lesson quotes comes from a cell, never from here.
-Deterministic: the same matplotlib gives the same bytes (no timestamp or version in the PNG's metadata).
+Deterministic: the same matplotlib and Pillow give the same bytes (a 256-colour palette PNG, no timestamp or version
+in its metadata).
 """
 
+import io
 import statistics
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
+from PIL import Image  # noqa: E402  (matplotlib's own dependency)
 
 OUT = Path(__file__).resolve().parent
 # one colour per role, the same in every diagram
@@ -282,7 +285,12 @@ DIAGRAMS = {"00_task_and_models": task_and_models, "01_policy_gradient": policy_
 def main():
     for name, draw in DIAGRAMS.items():
         fig = draw()
-        fig.savefig(OUT / f"{name}.png", dpi=100, metadata={"Software": None})  # no version: the same bytes
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=100)
+        # boxes, arrows and text need few colours: a 256-colour palette, undithered, is a third of the bytes (every
+        # lesson's figure travels with the tree a GPU check carries); PIL writes no version or time: the same bytes
+        Image.open(buffer).convert("RGB").quantize(256, dither=Image.Dither.NONE).save(OUT / f"{name}.png",
+                                                                                      optimize=True)
         plt.close(fig)
         print(f"notebooks/figures/{name}.png")
 
