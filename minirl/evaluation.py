@@ -234,7 +234,8 @@ def sequence_kl(model: torch.nn.Module, ref_model: torch.nn.Module, rollout, *, 
 
 
 def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenizer, prompts, *, samples_per_prompt: int,
-                    max_new_tokens: int, temperature: float = 1.0, seed: int = 0, answers=None) -> dict:
+                    max_new_tokens: int, temperature: float = 1.0, seed: int = 0, answers=None,
+                    reward_fn=None) -> dict:
     """Sample fresh completions from ``model`` and measure its true KL to ``ref_model`` on them (``sequence_kl``).
 
     The global torch RNG is saved and restored around the sampling, so measuring during training (e.g. from a
@@ -252,11 +253,14 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
         seed: seed of the sampling.
         answers: optional N answers (``tasks`` records); when given, the same fresh completions are also scored
             and the dict holds their accuracy.
+        reward_fn: optional reward function in TRL's form (e.g. a learned reward, ``reward_models.learned_reward``),
+            called on the same fresh prompts and completions; the dict then holds their mean score, ``reward``.
 
     Returns:
         dict with kl (mean nats per completion), kl_stderr (its standard error over completions), kl_per_token
         (total KL / total valid tokens), entropy (the policy's mean next-token entropy, nats per token),
-        length (mean tokens per completion, EOS included), n (completions) and, with answers, accuracy.
+        length (mean tokens per completion, EOS included), n (completions) and, with answers, accuracy; with
+        reward_fn, reward.
 
     Raises:
         ValueError: on an empty prompt list, samples_per_prompt < 1 or temperature <= 0 (from ``decoding.generate``).
@@ -280,4 +284,7 @@ def fresh_sample_kl(model: torch.nn.Module, ref_model: torch.nn.Module, tokenize
             raise ValueError(f"answers must have one entry per prompt ({len(prompts)}), got {len(answers)}")
         hits = [tasks.score(c, answers[i // samples_per_prompt]).correct for i, c in enumerate(batch.completions)]
         out["accuracy"] = sum(hits) / len(hits)
+    if reward_fn is not None:
+        scores = reward_fn(list(batch.prompts), list(batch.completions))
+        out["reward"] = sum(scores) / len(scores)
     return out

@@ -22,6 +22,7 @@ from torch import Tensor
 from . import decoding, evaluation, tasks
 from .checks import choice
 from .reward_models import (
+    as_reward_function,
     best_of_n_gold,
     best_of_n_kl,
     bradley_terry_loss,
@@ -45,6 +46,17 @@ class Pairs:
 
 
 @torch.no_grad()
+def _gold_scored_samples(policy, tokenizer, data, n: int, max_new_tokens: int, seed: int):
+    """``n`` samples of each prompt of ``data`` (seeded, the global RNG restored) and their gold rewards, (P * n,)
+    in the rollout's order (each prompt's samples together)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        r = decoding.generate(policy, tokenizer, list(data["prompt"]), n, max_new_tokens, recompute_logprobs=False)
+    answers = [a for a in data["answer"] for _ in range(n)]
+    return r, [tasks.score(c, a).reward for c, a in zip(r.completions, answers, strict=True)]
+
+
+@torch.no_grad()
 def gold_pairs(policy, tokenizer, data, *, group_size: int = 8, max_new_tokens: int = 40, noise: float = 0.0,
                seed: int = 0, pairs_per_group: int = 2) -> Pairs:
     """Up to ``pairs_per_group`` (right, wrong) pairs from each prompt's ``group_size`` samples of ``policy`` (a
@@ -65,12 +77,8 @@ def gold_pairs(policy, tokenizer, data, *, group_size: int = 8, max_new_tokens: 
     if not 0 <= noise < 0.5 or pairs_per_group < 1:
         raise ValueError(f"need 0 <= noise < 0.5 and pairs_per_group >= 1, got {noise}, {pairs_per_group}")
     gen = torch.Generator().manual_seed(seed)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        r = decoding.generate(policy, tokenizer, list(data["prompt"]), group_size, max_new_tokens,
-                              recompute_logprobs=False)
-    answers = [a for a in data["answer"] for _ in range(group_size)]
-    right = [tasks.score(c, a).reward == 1.0 for c, a in zip(r.completions, answers, strict=True)]
+    r, gold = _gold_scored_samples(policy, tokenizer, data, group_size, max_new_tokens, seed)
+    right = [g == 1.0 for g in gold]
     chosen, rejected, flipped = [], [], []
     for g in range(len(data)):
         rows = range(g * group_size, (g + 1) * group_size)
@@ -156,13 +164,8 @@ def gold_labelled(policy, tokenizer, data, *, group_size: int = 8, max_new_token
                   ) -> Labelled:
     """``group_size`` samples of each prompt of ``data`` from ``policy``, each labelled by the gold reward (outcome)
     and by ``reward_models.step_labels`` (each partial sum)."""
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        r = decoding.generate(policy, tokenizer, list(data["prompt"]), group_size, max_new_tokens,
-                              recompute_logprobs=False)
-    answers = [a for a in data["answer"] for _ in range(group_size)]
-    return Labelled(list(r.prompts), list(r.completions),
-                    [int(tasks.score(c, a).reward == 1.0) for c, a in zip(r.completions, answers, strict=True)],
+    r, gold = _gold_scored_samples(policy, tokenizer, data, group_size, max_new_tokens, seed)
+    return Labelled(list(r.prompts), list(r.completions), [int(g == 1.0) for g in gold],
                     [step_labels(p, c) for p, c in zip(r.prompts, r.completions, strict=True)])
 
 
@@ -249,11 +252,8 @@ def best_of_n(policy, tokenizer, data, proxy_fn, ns: list[int], *, max_new_token
     if not ns or min(ns) < 1:
         raise ValueError(f"every n must be >= 1, got {ns}")
     N = max(ns)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        r = decoding.generate(policy, tokenizer, list(data["prompt"]), N, max_new_tokens, recompute_logprobs=False)
-    answers = [a for a in data["answer"] for _ in range(N)]
-    gold = torch.tensor([tasks.score(c, a).reward for c, a in zip(r.completions, answers, strict=True)]).view(-1, N)
+    r, gold = _gold_scored_samples(policy, tokenizer, data, N, max_new_tokens, seed)
+    gold = torch.tensor(gold).view(-1, N)
     proxy = torch.tensor(proxy_fn(r.prompts, r.completions), dtype=torch.float32).view(-1, N)
     gold_at, proxy_at = best_of_n_gold(proxy, gold, ns), best_of_n_gold(proxy, proxy, ns)  # (len(ns),) each
     rows = []
@@ -263,12 +263,12 @@ def best_of_n(policy, tokenizer, data, proxy_fn, ns: list[int], *, max_new_token
     return rows
 
 
-@torch.no_grad()
 def proxy_and_gold(policy, start_policy, tokenizer, data, proxy_fn, *, samples_per_prompt: int = 4,
                    max_new_tokens: int = 40, seed: int = 0) -> dict:
     """Where a policy trained against a proxy stands: fresh samples of each prompt of ``data``, their mean gold
     reward, their mean proxy score and the policy's true KL to ``start_policy`` on them (``evaluation.sequence_kl``,
-    nats per completion), d = sqrt(KL). The global RNG is restored (safe inside a ``train_rl`` callback).
+    nats per completion), d = sqrt(KL): ``evaluation.fresh_sample_kl`` with the proxy as its ``reward_fn``. The global
+    RNG is restored (safe inside a ``train_rl`` callback).
 
     Returns:
         dict with gold, proxy, kl, d (sqrt of kl, 0 for a KL below 0 from round-off), n (completions).
@@ -278,20 +278,11 @@ def proxy_and_gold(policy, start_policy, tokenizer, data, proxy_fn, *, samples_p
 
     Source: the measurement of Gao, Schulman and Hilton 2023, section 2 (gold and proxy against d = sqrt(KL)).
     """
-    was_training = policy.training
-    policy.eval()
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        r = decoding.generate(policy, tokenizer, list(data["prompt"]), samples_per_prompt, max_new_tokens,
-                              recompute_logprobs=False)
-    kl, _ = evaluation.sequence_kl(policy, start_policy, r)  # (B,) nats per completion
-    policy.train(was_training)
-    answers = [a for a in data["answer"] for _ in range(samples_per_prompt)]
-    gold = [tasks.score(c, a).reward for c, a in zip(r.completions, answers, strict=True)]
-    proxy = proxy_fn(r.prompts, r.completions)
-    kl_mean = float(kl.mean())
-    return {"gold": sum(gold) / len(gold), "proxy": sum(proxy) / len(proxy), "kl": kl_mean,
-            "d": math.sqrt(max(kl_mean, 0.0)), "n": len(gold)}
+    m = evaluation.fresh_sample_kl(policy, start_policy, tokenizer, data["prompt"], answers=data["answer"],
+                                   reward_fn=proxy_fn, samples_per_prompt=samples_per_prompt,
+                                   max_new_tokens=max_new_tokens, seed=seed)
+    return {"gold": m["accuracy"], "proxy": m["reward"], "kl": m["kl"], "d": math.sqrt(max(m["kl"], 0.0)),
+            "n": m["n"]}
 
 
 def process_reward(reward_model, tokenizer, *, batch_size: int = 64):
@@ -300,16 +291,8 @@ def process_reward(reward_model, tokenizer, *, batch_size: int = 64):
     2023, section 3, taken on logits, which orders completions as the minimum probability does). Batched, without
     gradient, the model in eval mode (restored after)."""
 
-    @torch.no_grad()
-    def process_model_score(prompts, completions, **columns):
-        was_training = reward_model.training
-        reward_model.eval()
-        out = []
-        for i in range(0, len(prompts), batch_size):
-            scores, mask = process_scores(reward_model, tokenizer, prompts[i:i + batch_size],
-                                          completions[i:i + batch_size])  # (b, S) each
-            out += scores.masked_fill(mask == 0, float("inf")).min(1).values.tolist()
-        reward_model.train(was_training)
-        return out
+    def score_batch(prompts, completions):
+        scores, mask = process_scores(reward_model, tokenizer, prompts, completions)  # (b, S) each
+        return scores.masked_fill(mask == 0, float("inf")).min(1).values.tolist()
 
-    return process_model_score
+    return as_reward_function(reward_model, score_batch, batch_size=batch_size)

@@ -168,16 +168,26 @@ def learned_reward(reward_model, tokenizer, *, batch_size: int = 64):
     Example: ``rl.train_rl(policy, tok, cfg, data, reward_fn=learned_reward(rm, tok))`` trains against the proxy.
     """
 
+    def score_batch(prompts, completions):
+        texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+        enc = tokenizer(texts, return_tensors="pt", padding=True).to(next(reward_model.parameters()).device)
+        return sequence_scores(reward_model, enc.input_ids, enc.attention_mask).tolist()
+
+    return as_reward_function(reward_model, score_batch, batch_size=batch_size)
+
+
+def as_reward_function(reward_model, score_batch, *, batch_size: int = 64):
+    """A reward function in TRL's form from ``score_batch(prompts, completions) -> list[float]``: called on
+    ``batch_size`` rows at a time, without gradient, with ``reward_model`` in eval mode (its mode restored after).
+    ``learned_reward`` and ``reward_model_loop.process_reward`` are two of them."""
+
     @torch.no_grad()
     def reward_model_score(prompts, completions, **columns):
         was_training = reward_model.training
         reward_model.eval()
-        device = next(reward_model.parameters()).device
         out = []
         for i in range(0, len(prompts), batch_size):
-            texts = [p + c for p, c in zip(prompts[i:i + batch_size], completions[i:i + batch_size], strict=True)]
-            enc = tokenizer(texts, return_tensors="pt", padding=True).to(device)
-            out += sequence_scores(reward_model, enc.input_ids, enc.attention_mask).tolist()
+            out += score_batch(prompts[i:i + batch_size], completions[i:i + batch_size])
         reward_model.train(was_training)
         return out
 

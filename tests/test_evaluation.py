@@ -147,6 +147,25 @@ def test_fresh_sample_kl_scores_the_same_samples_when_given_answers(tiny_pair):
                                    answers=["3"])
 
 
+
+def test_fresh_sample_kl_scores_the_same_samples_with_a_reward_function(tiny_pair):
+    """``reward_fn`` sees exactly the fresh prompts and completions the KL was measured on (one entry per sample)."""
+    policy, ref, tok = tiny_pair
+    seen = []
+
+    def length(prompts, completions, **kw):
+        seen.append((list(prompts), list(completions)))
+        return [float(len(c)) for c in completions]
+
+    out = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=3, max_new_tokens=4,
+                                     seed=5, reward_fn=length)
+    (prompts, completions), = seen
+    assert prompts == ["1+2="] * 3 + ["4+4="] * 3
+    assert out["reward"] == pytest.approx(sum(len(c) for c in completions) / 6)
+    plain = evaluation.fresh_sample_kl(policy, ref, tok, ["1+2=", "4+4="], samples_per_prompt=3, max_new_tokens=4,
+                                       seed=5)
+    assert "reward" not in plain and plain["kl"] == out["kl"]  # the same samples
+
 # --- held-out evaluation: evaluate, show_completions ------------------------------------------------------------------
 def test_evaluate_is_repeatable_and_leaves_the_rng_alone(tok):
     model = tiny_model(tok)
