@@ -208,8 +208,10 @@ def summary(work_dir: str) -> int:
                 ("train", lambda: _train_lines(work)),
                 ("real_sizes", lambda: _real_sizes_lines(json.loads((work / "real_sizes.json").read_text())))]
     for name, lines in sections:
-        if status.get(name) == "ok":
-            print(f"{name}:")
+        # real_sizes saves its result after each step: a part stopped at its limit still shows the steps it finished
+        partial = name == "real_sizes" and status.get(name) == "TIMEOUT" and (work / "real_sizes.json").exists()
+        if status.get(name) == "ok" or partial:
+            print(f"{name}:" + (" (partial: the steps finished before its time limit)" if partial else ""))
             try:
                 print("\n".join(lines()))
             except (OSError, KeyError, ValueError, TypeError) as e:  # the figures are reported, not guessed

@@ -349,8 +349,18 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import real_sizes_table, run_real_sizes
 
         batches = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
+
+        def on_step(result, key):  # a line per step, and the result so far saved (a timeout keeps what finished)
+            stages = result["batches"][key][-1]
+            print(f"{key} step {len(result['batches'][key])}: " + ", ".join(f"{k} {s:.1f} s / {gb} GB"
+                                                                        for k, (s, gb) in stages.items()),
+                  file=sys.stderr, flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(result, indent=1))
+
         result = run_real_sizes(batches=batches, max_new_tokens=args.max_new_tokens, prompt_tokens=args.prompt_tokens,
-                                steps=args.steps, layers=args.layers, hidden_size=args.hidden_size, seed=args.seed)
+                                steps=args.steps, layers=args.layers, hidden_size=args.hidden_size, seed=args.seed,
+                                on_step=on_step)
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         print(real_sizes_table(result))

@@ -321,7 +321,7 @@ REAL_SIZES_SETTINGS = "checkpointing with larger chunks: generation 256 / log-pr
 
 def run_real_sizes(*, batches=((32, 16), (8, 8)), max_new_tokens: int = 512, prompt_tokens: int = 128,
                    steps: int = 3, layers: int | None = None, hidden_size: int | None = None,
-                   settings: str = REAL_SIZES_SETTINGS, seed: int = 0) -> dict:
+                   settings: str = REAL_SIZES_SETTINGS, seed: int = 0, on_step=None) -> dict:
     """``steps`` RL steps of a random Qwen3-0.6B-shaped model at each batch (prompts x samples), every completion
     ``max_new_tokens`` long, with ``memory.FIT_SETTINGS[settings]``: seconds and peak memory per stage, beside
     ``memory_plan``'s prediction of each stage's peak (the static terms plus that stage's).
@@ -330,6 +330,9 @@ def run_real_sizes(*, batches=((32, 16), (8, 8)), max_new_tokens: int = 512, pro
     neither memory nor time), in float32 on the device; ``layers`` / ``hidden_size`` shrink it for a CPU dry run
     (the vocabulary stays 151,936). Prompts are ``prompt_tokens`` tokens of minirl's tokenizer. On CPU a stage's
     peak is the process's peak resident memory (Linux; the runtime included: no allocator statistics there).
+
+    ``on_step(result, key)``, if given, is called after each step with the result so far (the GPU check prints a
+    line and saves the partial result: a part stopped at its time limit still leaves the steps it finished).
 
     Returns:
         dict: the model's and run's sizes, ``plan`` (GB per stage), and per batch the list of steps' stages
@@ -371,10 +374,12 @@ def run_real_sizes(*, batches=((32, 16), (8, 8)), max_new_tokens: int = 512, pro
         plan = memory.memory_plan(qcfg, cfg, prompt_tokens=prompt_tokens)
         static = plan["weights"] + plan["grads"] + plan["optimizer"] + plan["reference"]
         result["plan"][key] = {stage: round((static + held) / 1e9, 2) for stage, held in plan["stages"].items()}
-        result["batches"][key] = [
-            {k: [round(s, 3), gb] for k, (s, gb) in real_sizes_step(
-                model, tokenizer, data, cfg, ref=ref, optimizer=optimizer, gen=gen, device=device).items()}
-            for _ in range(steps)]
+        result["batches"][key] = []
+        for _ in range(steps):
+            stages = real_sizes_step(model, tokenizer, data, cfg, ref=ref, optimizer=optimizer, gen=gen, device=device)
+            result["batches"][key].append({k: [round(s, 3), gb] for k, (s, gb) in stages.items()})
+            if on_step is not None:
+                on_step(result, key)
         del model, ref, optimizer
         if device == "cuda":
             torch.cuda.empty_cache()

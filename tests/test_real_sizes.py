@@ -15,8 +15,10 @@ HELPER = Path(__file__).resolve().parent.parent / ".ci" / "gpu_check.py"
 
 
 def test_run_real_sizes_at_a_cpus_size():
+    seen = []
     result = bench.run_real_sizes(batches=((1, 2),), max_new_tokens=4, prompt_tokens=6, steps=1, layers=1,
-                                  hidden_size=64)
+                                  hidden_size=64, on_step=lambda res, key: seen.append((key, len(res["batches"][key]))))
+    assert seen == [("1x2x4", 1)]  # called after the step, with the result so far
     assert result["parameters"] > 151_936 * 64  # the real vocabulary's embedding
     (key, steps), = result["batches"].items()
     assert key == "1x2x4" and len(steps) == 1 and set(steps[0]) == {"generation", "logprob_forward", "update"}
@@ -199,3 +201,29 @@ def test_memory_plan_predicts_each_stages_peak_in_each_precision(prec):
     # activation; with checkpointing it is 1.4-1.8x here, where they weigh as much as all the activations kept
     assert measured["update"] <= stages["update"] <= 1.15 * measured["update"]
     assert measured["update_checkpointed"] <= stages["update_checkpointed"] <= 2 * measured["update_checkpointed"]
+
+
+@pytest.mark.slow
+def test_the_command_saves_each_step_as_it_finishes(tmp_path):
+    # the GPU check's part runs under a time limit: the JSON holds the finished steps before the command ends
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, "-m", "minirl", "bench", "--real-sizes", "--layers", "1", "--hidden-size",
+                           "64", "--batches", "1x2", "--max-new-tokens", "4", "--prompt-tokens", "6", "--steps", "2",
+                           "--json", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "1x2x4 step 1: generation" in done.stderr and "1x2x4 step 2: generation" in done.stderr
+    assert len(json.loads(out.read_text())["batches"]["1x2x4"]) == 2
+
+
+@pytest.mark.slow
+def test_the_check_summary_shows_a_timed_out_parts_finished_steps(tmp_path):
+    (tmp_path / "parts.tsv").write_text("real_sizes\tTIMEOUT\t230.2\t230\n")
+    (tmp_path / "real_sizes.json").write_text(json.dumps({
+        "parameters": 596_049_920, "device": "NVIDIA H200", "settings": "s",
+        "plan": {"32x16x512": {"generation": 20.0, "logprob_forward": 30.0, "update": 25.0}},
+        "batches": {"32x16x512": [{"generation": [9.0, 18.0], "logprob_forward": [2.0, 28.0],
+                                   "update": [5.0, 24.0]}]}}))
+    done = subprocess.run([sys.executable, str(HELPER), "summary", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 1  # still a failed part
+    assert "real_sizes: (partial: the steps finished before its time limit)" in done.stdout
+    assert "32x16x512" in done.stdout
