@@ -26,6 +26,21 @@ def same_shape(**tensors: Tensor) -> None:
             )
 
 
+def same_device(**tensors: Tensor) -> None:
+    """Raise ValueError naming the arguments when the given tensors are on different devices.
+
+    Example: ``same_device(logprobs=a, advantages=b)`` with ``a`` on cuda:0 and ``b`` on the CPU raises "advantages
+    is on cpu but logprobs is on cuda:0; make it on the model's device" (a reward tensor built with
+    ``torch.tensor(...)`` is on the CPU: the first GPU run found two lessons that did this).
+    """
+    items = list(tensors.items())
+    first_name, first = items[0]
+    for name, t in items[1:]:
+        if t.device != first.device:
+            raise ValueError(f"{name} is on {t.device} but {first_name} is on {first.device}; make it on the model's "
+                             "device")
+
+
 def ndim(name: str, t: Tensor, n: int, shape_doc: str) -> None:
     """Raise ValueError when ``t`` does not have ``n`` dimensions; ``shape_doc`` names the expected shape."""
     if t.dim() != n:

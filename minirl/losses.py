@@ -18,7 +18,8 @@ import torch
 from torch import Tensor
 
 from .aggregation import AGGREGATIONS, aggregate, ratio_stats, sequence_mean
-from .checks import LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, k3_of_log_ratio, ndim, same_shape, zero_outside
+from .checks import (LOG_RATIO_LINEAR_ABOVE, choice, exp_linear_above, k3_of_log_ratio, ndim, same_device, same_shape,
+                     zero_outside)
 from .clip_alternatives import CISPO_FORMS, check_tau, cispo_loss, gmpo_loss, sapo_loss
 from .trust_region import dppo_loss
 
@@ -148,6 +149,7 @@ def policy_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask
     (arXiv 2602.04879).
     """
     same_shape(logprobs=logprobs, old_logprobs=old_logprobs, mask=mask)
+    same_device(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask)
     ndim("logprobs", logprobs, 2, "(B, T)")
     one_per_seq = one_term_per_sequence(level=level, loss_mode=loss_mode)
     B, T = logprobs.shape

@@ -170,7 +170,8 @@ class ValueModel(torch.nn.Module):
         import copy
 
         self.backbone = copy.deepcopy(policy.model)  # the decoder without the LM head
-        self.head = torch.nn.Linear(policy.config.hidden_size, 1)
+        # on the policy's device, so a critic built beside a GPU policy needs no .to() (the first GPU run, issue 53)
+        self.head = torch.nn.Linear(policy.config.hidden_size, 1, device=next(policy.parameters()).device)
         torch.nn.init.zeros_(self.head.weight)  # start at V = bias = 0: no confident wrong values at step 0
         torch.nn.init.zeros_(self.head.bias)
 

@@ -1186,3 +1186,13 @@ def test_each_loss_family_runs_alone_with_the_helpers_its_docstring_names(family
     assert got.item() == want.item()
     (g_want,), (g_got,) = torch.autograd.grad(want, logprobs), torch.autograd.grad(got, logprobs)
     assert torch.equal(g_want, g_got)
+
+
+def test_policy_loss_names_a_tensor_on_another_device():
+    # the first GPU run: a reward tensor made with torch.tensor(...) stayed on the CPU beside CUDA log-probs, and
+    # torch's own error named no argument. A "meta" tensor stands in for another device on a CPU-only machine
+    lp = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"advantages is on meta but logprobs is on cpu"):
+        losses.policy_loss(lp, lp, torch.zeros(2, device="meta"), torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"mask is on meta but logprobs is on cpu"):
+        losses.policy_loss(lp, lp, torch.zeros(2), torch.ones(2, 3, device="meta"))

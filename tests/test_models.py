@@ -95,3 +95,6 @@ def test_value_model_is_a_separate_copy_that_starts_at_zero():
         critic.head.weight.normal_()
     full = critic(ids, am)  # (B, L): the value after each position
     close(models.token_values(critic, ids, am, 3), full[:, 2:5])  # V(s_t) is read where token t is predicted
+    # the head is made on the policy's device (the first GPU run: a critic of a CUDA policy had a CPU head);
+    # "meta" stands in for another device here
+    assert {p.device.type for p in models.ValueModel(policy.to("meta")).parameters()} == {"meta"}
