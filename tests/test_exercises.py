@@ -1383,3 +1383,68 @@ def test_a_mistake_no_case_knows_gets_no_guessed_cause():
     # a recognised one is still named as the likely mistake
     with pytest.raises(AssertionError, match="Likely mistake: "):
         exercises.check("k3", lambda lp, ref: torch.exp(lp - ref) - 1 - (lp - ref), quiet=True)
+
+
+def test_a_patched_comparison_is_refused_before_the_check(monkeypatch):
+    """Monkeypatching (issue 53): torch.allclose made to say yes, and the checker's own comparison replaced, from a
+    solution cell before the check cell runs. The checker fingerprints them when it is imported and refuses."""
+    wrong = REFERENCE["k3"]
+
+    def k3(logprobs, ref_logprobs):
+        return wrong(logprobs, ref_logprobs) + 1.0  # wrong on every case
+
+    monkeypatch.setattr(torch, "allclose", lambda *a, **k: True)
+    with pytest.raises(AssertionError, match=r"torch\.allclose was replaced before the check.*not graded"):
+        exercises.check("k3", k3, quiet=True)
+    monkeypatch.undo()
+    from minirl.exercises import _core
+
+    monkeypatch.setattr(_core, "_close", lambda *a, **k: True)
+    with pytest.raises(AssertionError, match=r"minirl\.exercises\._core\._close was replaced"):
+        exercises.check("k3", k3, quiet=True)
+    monkeypatch.undo()
+    original = _core._expect.__code__
+    try:
+        _core._expect.__code__ = (lambda *a, **k: None).__code__  # the code swapped, the name kept
+        with pytest.raises(AssertionError, match=r"_core\._expect was replaced"):
+            exercises.check("k3", k3, quiet=True)
+    finally:
+        _core._expect.__code__ = original
+    monkeypatch.setattr(exercises.EXERCISES["k3"], "cases", [])  # no cases: nothing to fail
+    with pytest.raises(AssertionError, match=r"the cases of exercise 'k3' were changed"):
+        exercises.check("k3", k3, quiet=True)
+    monkeypatch.undo()
+    assert exercises.check("k3", wrong, quiet=True) == 4  # all restored: an honest submission passes
+
+
+def test_a_patch_made_from_inside_the_submission_is_refused():
+    """The same patch made by the student's function while it runs (so no check before the call can see it)."""
+    from minirl.exercises import _core
+
+    original = _core._close
+
+    def k3(logprobs, ref_logprobs):
+        _core._close = lambda *a, **k: True
+        return logprobs * 0.0
+
+    try:
+        with pytest.raises(AssertionError, match=r"_core\._close was replaced while the submission ran"):
+            exercises.check("k3", k3, quiet=True)
+    finally:
+        _core._close = original
+
+
+def test_a_replaced_experiment_runner_is_refused(monkeypatch):
+    """Cheat 2's second half: ``experiments.run_arm`` replaced from a solution cell (8/8 with no training)."""
+    from minirl.exercises import experiments
+
+    def run_arm(name, arm, *, seed=0, steps=experiments.STEPS, progress=False):
+        return {"experiment": name, "arm": arm, "steps": experiments.STEPS, "value": 0.5, "seed": seed}
+
+    monkeypatch.setattr(experiments, "run_arm", run_arm)
+    experiments.predict("beta", "beta=0")
+    with pytest.raises(AssertionError, match=r"experiments\.run_arm was replaced before the runs"):
+        experiments.run_experiment("beta", seed=0)
+    runs = {arm: {**run_arm("beta", arm), "prediction": {"value": "beta=0"}} for arm in ("beta=0", "beta=0.5")}
+    with pytest.raises(AssertionError, match=r"experiments\.run_arm was replaced before the experiment was graded"):
+        experiments.check_experiment("beta", runs)

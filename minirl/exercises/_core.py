@@ -25,9 +25,12 @@ verdict on every machine and thread count.
 
 from __future__ import annotations
 
+import builtins
 import importlib
+import math
 import os
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -130,6 +133,7 @@ def check(name: str, fn: Callable, *, seed: int = 0, quiet: bool = False) -> int
     if not callable(fn):
         raise TypeError(f"check({name!r}, fn) needs a function, got {type(fn).__name__}")
     ex = EXERCISES[name]
+    _refuse_if_tampered(name, "before the check")
     guarded = _guarded(fn)
     deferred = 0
     for i, (case_name, hint, run) in enumerate(ex.cases, start=1):
@@ -215,9 +219,92 @@ def _guarded(fn: Callable) -> Callable:
                 f.__code__ = code
         if seen:  # answer code run under another name: a copied __code__, a second copy of a module loaded by path
             raise _CallsMinirl(seen[0])
+        _refuse_if_tampered(None, "while the submission ran")  # a patch made from inside the function
         return out
 
     return guarded
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tamper evidence (issue 53): what a verdict depends on, fingerprinted when the checker is imported
+
+_SNAPSHOT: dict[str, dict] = {}  # namespace name -> {attribute: fingerprint}
+
+
+class _Tampered(AssertionError):
+    """The checker, an answer module or the parts of torch and Python the comparisons use were changed."""
+
+
+def _fingerprint(value) -> tuple:
+    # a function's code and defaults can be swapped without rebinding its name
+    if isinstance(value, types.FunctionType):
+        return id(value), id(value.__code__), id(value.__defaults__), id(value.__kwdefaults__)
+    return (id(value),)
+
+
+def watch(name: str, namespace) -> None:
+    """Fingerprint ``namespace`` (a module's or a class's ``vars``) under ``name``: ``check`` later refuses to grade
+    if any attribute it held then is rebound, deleted or has its code swapped. Dunder names are left out (Python
+    itself updates some, e.g. ``__warningregistry__``), and attributes added later are not compared."""
+    _SNAPSHOT[name] = {k: _fingerprint(v) for k, v in list(namespace.items()) if not k.startswith("__")}
+
+
+def watch_all() -> None:
+    """Fingerprint the checker's modules, the answer modules and the parts of torch and Python that the comparisons
+    use; ``minirl.exercises`` calls it once it has imported every chapter, before any student code can run."""
+    for module_name in answer_modules():
+        importlib.import_module(module_name)
+    names = [n for n in list(sys.modules) if n.startswith("minirl.exercises") or n in answer_modules()]
+    for n in sorted(names) + ["minirl.checks"]:
+        watch(n, vars(importlib.import_module(n)))
+    for n, space in (("torch", vars(torch)), ("torch.autograd", vars(torch.autograd)),
+                     ("torch.nn.functional", vars(torch.nn.functional)), ("torch.Tensor", vars(torch.Tensor)),
+                     ("torch._C.TensorBase", vars(torch._C.TensorBase)), ("math", vars(math)),
+                     ("builtins", _builtins()),
+                     ("sys", {"setprofile": sys.setprofile, "getprofile": sys.getprofile, "modules": sys.modules})):
+        watch(n, space)
+    _SNAPSHOT["EXERCISES"] = _exercise_fingerprints()
+
+
+def _builtins() -> dict:
+    # Python's own functions and types only: IPython rebinds get_ipython, display, exit and quit around every cell
+    return {k: v for k, v in vars(builtins).items()
+            if not k.startswith("_") and isinstance(v, types.BuiltinFunctionType | type)}
+
+
+def _exercise_fingerprints() -> dict:
+    return {n: (id(ex), id(ex.cases), tuple(_fingerprint(run) for _, _, run in ex.cases))
+            for n, ex in EXERCISES.items()}
+
+
+def tamper_report() -> str | None:
+    """The first watched attribute that differs from its fingerprint ("torch.allclose was replaced"), or None."""
+    live = {"builtins": _builtins(), "EXERCISES": _exercise_fingerprints(),
+            "sys": {"setprofile": sys.setprofile, "getprofile": sys.getprofile, "modules": sys.modules},
+            "torch.Tensor": vars(torch.Tensor), "torch._C.TensorBase": vars(torch._C.TensorBase)}
+    for name, prints in _SNAPSHOT.items():
+        if name == "EXERCISES":
+            now = live[name]
+            changed = [k for k, v in prints.items() if now.get(k) != v]
+            if changed:
+                return f"the cases of exercise {changed[0]!r} were changed"
+            continue
+        space = live.get(name)
+        if space is None:
+            space = vars(sys.modules[name]) if name in sys.modules else {}
+        for k, v in prints.items():
+            if k not in space:
+                return f"{name}.{k} was deleted"
+            if _fingerprint(space[k]) != v:
+                return f"{name}.{k} was replaced"
+    return None
+
+
+def _refuse_if_tampered(name: str | None, when: str) -> None:
+    report = tamper_report() if _SNAPSHOT else None
+    if report:
+        raise _Tampered(f"{name + ': ' if name else ''}{report} {when}: the checker, minirl's answer modules and "
+                        "the parts of torch and Python a comparison uses must be left as they are; not graded")
 
 
 def _answer_files() -> dict[str, str]:
@@ -255,6 +342,8 @@ def _run_case(ex: Exercise, fn: Callable, i: int, case_name: str, hint: str, run
                              "package's stand-in for the answer key defers a case to grading") from None
     except _CallsMinirl as c:
         raise AssertionError(_refusal_message(ex, c.args[0])) from None
+    except _Tampered as t:
+        raise _Tampered(f"{name}: {t}") from None
     except _Mismatch as m:
         detail = f"\n  ({m.detail})" if m.detail else ""
         if m.hint:  # the wrong value is one a known mistake gives: name it

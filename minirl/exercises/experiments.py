@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _core
+
 #: The budget of every run (what the stored spread was measured at): steps, prompts x G completions per step.
 STEPS, PROMPTS, G, LR = 15, 8, 8, 1e-4
 SPREAD_FILE = Path(__file__).resolve().parents[2] / "notebooks" / "results" / "exercises" / "spread.json"
@@ -148,6 +150,7 @@ def run_experiment(name: str, *, seed: int = 0) -> dict:
         RuntimeError: if no prediction was recorded for ``name``.
     """
     ex = _experiment(name)
+    _core._refuse_if_tampered(name, "before the runs")  # e.g. run_arm replaced from a solution cell
     if name not in _PREDICTIONS:
         raise RuntimeError(f"{name}: record your prediction first: experiments.predict({name!r}, ...)")
     prediction = dict(_PREDICTIONS[name])
@@ -212,6 +215,7 @@ def check_experiment(name: str, runs: dict, *, spread: dict | None = None) -> bo
         AssertionError: no prediction on record before the runs, an arm missing, or a run not at the budget.
     """
     ex = _experiment(name)
+    _core._refuse_if_tampered(name, "before the experiment was graded")
     spread = (spread or load_spread())["experiments"][name]
     assert isinstance(runs, dict) and set(runs) == set(ex.arms), (
         f"{name}: run both arms with run_experiment({name!r}), then pass what it returned")
@@ -292,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     (out / "spread.json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out / 'spread.json'} in {result['wall_seconds']} s", file=sys.stderr)
 
+
+# imported after the checker took its fingerprints (a notebook's first cell imports it second): fingerprint it too
+_core.watch(__name__, globals())
 
 if __name__ == "__main__":
     main()
