@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
-from minirl import distill, entropy, kl, losses, multiturn, reward_models, stale_corrections
+from minirl import distill, entropy, gsm8k, kl, losses, multiturn, reward_models, stale_corrections, trust_region
 from minirl.exercises import _reference
 
 
@@ -553,6 +554,111 @@ def bon_no_check(proxy, gold, ns):
     return torch.stack([gold.gather(1, proxy[:, :n].argmax(1, keepdim=True)).double().mean() for n in ns])
 
 
+
+# --- 12 · dppo_mask (the trust region anchored on the sampler) ---------------------------------------------------
+def _pq(lp, old):
+    return lp.detach().exp(), old.detach().exp()
+
+
+def dmask_ratio_bound(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    r = (lp - old).detach().exp()  # PPO's ratio in place of the divergence
+    return torch.where(adv > 0, r <= 1 + delta_high, r >= 1 - delta_low).float()
+
+
+def dmask_both_sides(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    return ((p - q).abs() <= delta_high).float()  # every token bounded both ways
+
+
+def dmask_sides_swapped(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    return torch.where(adv > 0, p - q >= -delta_low, p - q <= delta_high).float()
+
+
+def dmask_zero_up(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    return torch.where(adv >= 0, p - q <= delta_high, p - q >= -delta_low).float()  # A = 0 on the up side
+
+
+def dmask_deltas_swapped(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    return torch.where(adv > 0, p - q <= delta_low, p - q >= -delta_high).float()
+
+
+def dmask_deltas_ignored(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    return torch.where(adv > 0, p - q <= 0.2, p - q >= -0.2).float()
+
+
+def dmask_kl_reversed(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    if divergence == "tv":
+        return torch.where(adv > 0, p - q <= delta_high, p - q >= -delta_low).float()
+    kl = p * (p / q).log() + (1 - p) * ((1 - p) / (1 - q)).log()  # KL(pi || mu)
+    return torch.where(adv > 0, (kl <= delta_high) | (p <= q), (kl <= delta_low) | (p >= q)).float()
+
+
+def dmask_always_tv(lp, old, adv, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    p, q = _pq(lp, old)
+    return torch.where(adv > 0, p - q <= delta_high, p - q >= -delta_low).float()  # divergence ignored
+
+
+# --- 13 · final_answer (the real model's reward) ------------------------------------------------------------------
+_NUM = r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?"
+
+
+def _answer(text, number=_NUM, strip=("$",), first_mark=False, marked_first=True, last=True, to=float):
+    for c in strip:
+        text = text.replace(c, " ")
+    marks = re.findall(r"####([^\n]*)", text)
+    if marks and marked_first:
+        found = re.findall(number, marks[0] if first_mark else marks[-1])
+        return to(found[0].replace(",", "")) if found and found[0].replace(",", "") else None
+    found = re.findall(number, text)
+    if not found:
+        return None
+    pick = found[-1] if last else found[0]
+    return to(pick.replace(",", "")) if pick.replace(",", "") else None
+
+
+def fa_split_comma(text):
+    return _answer(text, number=r"(?:(?<![\w.])-)?\d+(?:\.\d+)?")  # "1,250" -> "1", "250"
+
+
+def fa_comma_class(text):
+    return _answer(text, number=r"-?[\d,]+(?:\.\d+)?")  # HELM #4337's "[\d,]+": a lone comma is a number
+
+
+def fa_first_mark(text):
+    return _answer(text, first_mark=True)
+
+
+def fa_ignores_mark(text):
+    return _answer(text, marked_first=False)  # the last number of the text, marked or not
+
+
+def fa_first_number(text):
+    return _answer(text, last=False)
+
+
+def fa_no_sign(text):
+    return _answer(text, number=r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def fa_dollar_ends(text):
+    marks = re.findall(r"####\s*(-?[\d,]+(?:\.\d+)?)", text)  # "$" right after the mark: no match
+    if "####" in text:
+        return float(marks[-1].replace(",", "")) if marks else None
+    return _answer(text)
+
+
+def fa_tail_window(text):
+    return _answer(text[-300:])  # verl PR #7274: only the last 300 characters are searched
+
+
+def fa_string(text):
+    return _answer(text, to=str)
+
 MISTAKES = [
     # (exercise, mistake name, wrong implementation, substring of the expected hint)
     ("gmpo_loss", "min for every sign (the sign error for A < 0)", gmpo_min_for_every_sign,
@@ -618,6 +724,24 @@ MISTAKES = [
     ("episode_gae", "an observation ends the episode", egae_observation_ends_episode, "across the observation"),
     ("episode_gae", "values left at the environment's tokens", egae_not_zeroed, "0 at the environment's tokens"),
     ("episode_gae", "values not detached", egae_values_not_detached, "constants"),
+    ("dppo_mask", "PPO's ratio bound", dmask_ratio_bound, "bounds the RATIO"),
+    ("dppo_mask", "both sides bounded for every token", dmask_both_sides, "side the advantage PUSHES"),
+    ("dppo_mask", "sides swapped", dmask_sides_swapped, "pushes p UP"),
+    ("dppo_mask", "A = 0 on the up side", dmask_zero_up, "A = 0 belongs to the A <= 0 side"),
+    ("dppo_mask", "deltas swapped", dmask_deltas_swapped, "swapped here"),
+    ("dppo_mask", "deltas ignored", dmask_deltas_ignored, "were ignored"),
+    ("dppo_mask", "the binary KL the other way round", dmask_kl_reversed, "KL(mu || pi)"),
+    ("dppo_mask", "the TV for every divergence", dmask_always_tv, "KL(mu || pi)"),
+    ("final_answer", "a thousands separator splits the number (opencompass #2647)", fa_split_comma,
+     "thousands separator"),
+    ("final_answer", "a comma after the number read as one (HELM #4337)", fa_comma_class, "comma AFTER the number"),
+    ("final_answer", "the first mark", fa_first_mark, "the LAST \"####\""),
+    ("final_answer", "the mark ignored", fa_ignores_mark, "the first number after the mark"),
+    ("final_answer", "the first number", fa_first_number, "LAST number of the text"),
+    ("final_answer", "the sign dropped", fa_no_sign, "minus sign"),
+    ("final_answer", "a dollar sign after the mark", fa_dollar_ends, "dollar sign"),
+    ("final_answer", "only the last 300 characters (verl #7274)", fa_tail_window, "whole text is searched"),
+    ("final_answer", "a string returned", fa_string, "return a float"),
     ("bradley_terry_loss", "the difference upside down", bt_sign_flipped, "must score HIGHER"),
     ("bradley_terry_loss", "the likelihood without its log", bt_no_log, "negative LOG-likelihood"),
     ("bradley_terry_loss", "log(sigmoid(x))", bt_naive_logsigmoid, "numerically stable log-sigmoid"),
@@ -649,6 +773,8 @@ MINIRL = {
     "episode_gae": multiturn.episode_gae,
     "bradley_terry_loss": reward_models.bradley_terry_loss,
     "best_of_n_gold": reward_models.best_of_n_gold,
+    "dppo_mask": trust_region.dppo_mask,
+    "final_answer": lambda text: None if gsm8k.extract_answer(text) is None else float(gsm8k.extract_answer(text)),
 }
 
 
@@ -713,6 +839,21 @@ def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, th
     log_r = torch.where(valid, sampler_logprobs - logprobs, 0.0)
     mean = log_r.sum(-1) / valid.sum(-1).clamp(min=1)
     return (mean <= threshold).to(logprobs.dtype)  # the advantage's sign ignored
+'''),
+    "dppo_mask": ("PPO's ratio bound", "bounds the RATIO", '''
+def dppo_mask(logprobs, old_logprobs, advantages, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    ratio = (logprobs - old_logprobs).detach().exp()  # the ratio, as PPO's clip bounds it
+    return torch.where(advantages > 0, ratio <= 1 + delta_high, ratio >= 1 - delta_low).float()
+'''),
+    "final_answer": ("a comma after the number read as one (HELM #4337)", "comma AFTER the number", '''
+def final_answer(text):
+    import re
+    marks = re.findall(r"####([^\\n]*)", text)
+    found = re.findall(r"-?[\\d,]+(?:\\.\\d+)?", marks[-1] if marks else text)
+    if not found:
+        return None
+    pick = (found[0] if marks else found[-1]).replace(",", "")
+    return float(pick) if pick else None
 '''),
     "bradley_terry_loss": ("the difference upside down", "must score HIGHER", '''
 def bradley_terry_loss(chosen_rewards, rejected_rewards, *, margin=None, center_coef=None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def _notebook_solutions() -> dict:
     """Every function defined in a solution cell of notebooks/exercises/*.ipynb, by name."""
     found = {}
     for path in sorted(EXERCISE_DIR.glob("*.ipynb")):
-        scope = {"torch": torch, "F": F, "math": math, "exp_linear_above": checks.exp_linear_above}
+        scope = {"torch": torch, "F": F, "math": math, "re": re, "exp_linear_above": checks.exp_linear_above}
         for cell in json.loads(path.read_text())["cells"]:
             meta = cell["metadata"].get("nbgrader", {})
             text = "".join(cell["source"])
@@ -969,11 +970,11 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """Every chapter 00 and 02-12 has exercises (10, the bridge to TRL, and 14, multi-turn, one; the others 2-6);
-    every exercise has a reference solution in a notebook here."""
+    """Every chapter 00 and 02-15 has exercises (10, the bridge to TRL, 13, the real model, and 14, multi-turn, one;
+    the others 2-6); every exercise has a reference solution in a notebook here."""
     names = exercises.list_exercises()
-    assert len(names) >= 33
-    assert len(exercises.list_exercises("10")) >= 1 and len(exercises.list_exercises("14")) >= 1
+    assert len(names) >= 38
+    assert all(len(exercises.list_exercises(chapter)) >= 1 for chapter in ("10", "13", "14"))
     for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12", "15"):
         assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)
@@ -1058,7 +1059,8 @@ def test_every_exercise_has_a_seeded_random_case(name):
 
     def recording(seen):
         def fn(*args, **kwargs):
-            seen.add(tuple(round(float(a.detach().double().sum()), 6) for a in _tensors(args)))
+            seen.add(tuple(round(float(a.detach().double().sum()), 6) for a in _tensors(args))
+                     + tuple(a for a in args if isinstance(a, str)))  # final_answer reads text
             return REFERENCE[name](*args, **kwargs)
         return fn
 
@@ -1189,6 +1191,27 @@ def test_the_checkers_learned_reward_copies_agree_with_minirl():
     gold = (torch.rand(7, 16, generator=g) < 0.5).float()
     ns = [1, 2, 3, 8, 16]
     torch.testing.assert_close(R.best_of_n_gold(proxy, gold, ns), reward_models.best_of_n_gold(proxy, gold, ns))
+
+
+def test_the_checkers_trust_region_and_answer_copies_agree_with_minirl():
+    """Chapter 12's dppo_mask (both divergences, random deltas, A = 0 included) and chapter 13's final_answer (3,000
+    of the random case's texts and the hand cases) equal minirl's trust_region.dppo_mask and gsm8k.extract_answer."""
+    from minirl import gsm8k, trust_region
+    from minirl.exercises.ch13 import random_text
+
+    g = torch.Generator().manual_seed(5)
+    for divergence in ("tv", "kl"):
+        q, p = torch.rand(6, 11, generator=g) * 0.98 + 0.01, torch.rand(6, 11, generator=g) * 0.98 + 0.01
+        adv = torch.randn(6, 11, generator=g).where(torch.rand(6, 11, generator=g) < 0.8, torch.zeros(()))
+        for lo, hi in ((0.2, 0.2), (0.05, 0.3), (0.0, 0.0)):
+            kw = dict(divergence=divergence, delta_low=lo, delta_high=hi)
+            torch.testing.assert_close(R.dppo_mask(p.log(), q.log(), adv, **kw),
+                                       trust_region.dppo_mask(p.log(), q.log(), adv, **kw))
+    texts = [random_text(g) for _ in range(3000)] + [
+        "#### 1,250", "72 clips, altogether.", "#### 5\n#### 6", "to -5 degrees.", "#### $15.20", "no idea", "3-5"]
+    for text in texts:
+        mine = gsm8k.extract_answer(text)
+        assert R.final_answer(text) == (None if mine is None else float(mine)), text
 
 
 def test_the_checkers_route_alignment_copy_agrees_with_minirls_rollout():

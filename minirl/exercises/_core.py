@@ -91,7 +91,7 @@ def _case(ex: Exercise, name: str, hint: str):
 
 
 def list_exercises(chapter: str | None = None) -> list[str]:
-    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00", "02" ... "12"; lesson 01
+    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00", "02" ... "15"; lesson 01
     has none).
 
     Returns:

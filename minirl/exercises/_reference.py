@@ -9,6 +9,7 @@ agree with minirl's functions on random inputs.
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -310,3 +311,24 @@ def best_of_n_gold(proxy, gold, ns):
     if min(ns) < 1 or max(ns) > proxy.shape[1]:
         raise ValueError("every n must be in [1, N]")
     return torch.stack([gold.gather(1, proxy[:, :n].argmax(1, keepdim=True)).double().mean() for n in ns])
+
+
+def dppo_mask(logprobs, old_logprobs, advantages, *, divergence="tv", delta_low=0.2, delta_high=0.2):
+    # p = pi(y), q = mu(y); the bound is checked only on the side the advantage pushes p (up for A > 0)
+    p, q = logprobs.detach().exp(), old_logprobs.detach().exp()
+    if divergence == "tv":
+        up_ok, down_ok = p - q <= delta_high, p - q >= -delta_low
+    else:
+        kl = q * (q.log() - p.log()) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+        up_ok, down_ok = (kl <= delta_high) | (p <= q), (kl <= delta_low) | (p >= q)
+    return torch.where(advantages > 0, up_ok, down_ok).to(logprobs.dtype)
+
+
+def final_answer(text):
+    # the first number after the last "####" when there is one, else the last number; "1,250" is one number
+    number = re.compile(r"(?:(?<![\w.])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")  # a sign only after a space
+    marked = re.findall(r"####([^\n]*)", text)
+    found = number.findall(marked[-1].replace("$", " ")) if marked else number.findall(text.replace("$", " "))
+    if not found:
+        return None
+    return float((found[0] if marked else found[-1]).replace(",", ""))

@@ -177,3 +177,72 @@ def _(fn, gen):
     threshold = 0.2 + 0.3 * float(torch.rand(1, generator=gen))
     _expect(fn(pi, mu, adv, mask, threshold=threshold),
             ref.off_policy_sequence_mask(pi, mu, adv, mask, threshold=threshold), what="the mask")
+
+
+# ================================================================================================================
+# 12 · DPPO: the trust region anchored on the sampler, a divergence on the sampled token (section 6)
+
+ex = _exercise("dppo_mask", "12", "dppo_mask(logprobs, old_logprobs, advantages, *, divergence=\"tv\", delta_low=0.2, "
+               "delta_high=0.2) -> (B, T) float mask", "minirl.trust_region.dppo_mask",
+               ("minirl.trust_region.dppo_mask",))
+RATIO_BOUND = ("this bounds the RATIO p / q (PPO's clip): DPPO bounds a divergence between the two-outcome "
+               "distributions, binary TV = p - q, so a rare token (q = 0.02) may move to 0.05, a ratio of 2.5, while "
+               "a likely one may not move by more than delta")
+BOTH_SIDES = ("only the side the advantage PUSHES is bounded (p up for A > 0, down for A <= 0): a token that moved "
+              "against its advantage keeps its gradient, which pulls it back")
+SIDES_SWAPPED = "A > 0 pushes p UP: it is bounded by p - q <= delta_high; A <= 0 by p - q >= -delta_low (swapped here)"
+ZERO_UP = "A = 0 belongs to the A <= 0 side (p - q >= -delta_low), as verl's dppo masks do: only A > 0 is bounded above"
+DELTAS_SWAPPED = "delta_high bounds A > 0 (the rise of p), delta_low bounds A <= 0 (its fall): swapped here"
+DELTAS_IGNORED = "delta_low and delta_high were ignored (0.2 used for both)"
+KL_FORM = ("the binary KL is KL(mu || pi) of {y_t, not y_t}: q log(q / p) + (1 - q) log((1 - q) / (1 - p)) with q the "
+           "SAMPLER's probability; the TV, or the KL the other way round, keep this token")
+_LOG = torch.log
+
+
+@_case(ex, "binary TV, delta 0.2, both signs, by hand", BOTH_SIDES)
+def _(fn, gen):
+    # (q, p, A): (0.5, 0.8, +1) p - q = 0.3 > 0.2 -> 0; (0.5, 0.8, -1) against the push -> 1; (0.02, 0.05, +1)
+    # 0.03 -> 1 (the ratio 2.5); (0.9, 0.6, -1) -0.3 -> 0; (0.5, 0.2, +1) against the push -> 1; (0.5, 0.75, 0) the
+    # A <= 0 side: 0.25 >= -0.2 -> 1
+    q, p = _t([[0.5, 0.5, 0.02, 0.9, 0.5, 0.5]]), _t([[0.8, 0.8, 0.05, 0.6, 0.2, 0.75]])
+    A = _t([[1.0, -1.0, 1.0, -1.0, 1.0, 0.0]])
+    _expect(fn(_LOG(p), _LOG(q), A, divergence="tv", delta_low=0.2, delta_high=0.2), [[0.0, 1, 1, 0, 1, 1]],
+            [([[0.0, 1, 0, 0, 1, 1]], RATIO_BOUND), ([[0.0, 0, 1, 0, 0, 0]], BOTH_SIDES),
+             ([[1.0, 0, 1, 1, 0, 0]], SIDES_SWAPPED), ([[0.0, 1, 1, 0, 1, 0]], ZERO_UP)], what="the mask")
+
+
+@_case(ex, "delta_low 0.1 and delta_high 0.3", DELTAS_SWAPPED)
+def _(fn, gen):
+    # (0.5, 0.75, +1): 0.25 <= 0.3 -> 1; (0.5, 0.25, -1): -0.25 < -0.1 -> 0; swapped: 0, 1; both 0.2: 0, 0
+    q, p, A = _t([[0.5, 0.5]]), _t([[0.75, 0.25]]), _t([[1.0, -1.0]])
+    _expect(fn(_LOG(p), _LOG(q), A, divergence="tv", delta_low=0.1, delta_high=0.3), [[1.0, 0.0]],
+            [([[0.0, 1.0]], DELTAS_SWAPPED), ([[0.0, 0.0]], DELTAS_IGNORED)], what="the mask")
+
+
+@_case(ex, "binary KL, delta 0.1, by hand", KL_FORM)
+def _(fn, gen):
+    # (0.9, 0.99, +1): KL(mu || pi) = 0.9 ln(0.9 / 0.99) + 0.1 ln(0.1 / 0.01) = -0.085778 + 0.230259 = 0.144480 > 0.1
+    # -> 0 (its TV, 0.09, and KL(pi || mu), 0.071335, would keep it); (0.5, 0.2, +1) and (0.5, 0.8, -1): against the
+    # push -> 1
+    q, p, A = _t([[0.9, 0.5, 0.5]]), _t([[0.99, 0.2, 0.8]]), _t([[1.0, 1.0, -1.0]])
+    _expect(fn(_LOG(p), _LOG(q), A, divergence="kl", delta_low=0.1, delta_high=0.1), [[0.0, 1.0, 1.0]],
+            [([[1.0, 1.0, 1.0]], KL_FORM)], what="the mask")
+
+
+@_case(ex, "the defaults: the TV, 0.2 on both sides", DELTAS_IGNORED)
+def _(fn, gen):
+    q, p, A = _t([[0.5, 0.5, 0.5]]), _t([[0.68, 0.75, 0.32]]), _t([[1.0, 1.0, -1.0]])
+    # 0.18 -> 1; 0.25 -> 0; -0.18 -> 1
+    _expect(fn(_LOG(p), _LOG(q), A), [[1.0, 0.0, 1.0]], what="the mask")
+
+
+@_case(ex, "random tokens, both divergences, random deltas, against the definition", RATIO_BOUND)
+def _(fn, gen):
+    for divergence in ("tv", "kl"):
+        q, p = torch.rand(4, 9, generator=gen) * 0.98 + 0.01, torch.rand(4, 9, generator=gen) * 0.98 + 0.01
+        A = torch.randn(4, 9, generator=gen).where(torch.rand(4, 9, generator=gen) < 0.8, torch.zeros(()))
+        lo, hi = (float(x) for x in torch.rand(2, generator=gen) * 0.4)
+        lp = _LOG(p).requires_grad_()
+        got = fn(lp, _LOG(q), A, divergence=divergence, delta_low=lo, delta_high=hi)
+        _expect(got, ref.dppo_mask(lp, _LOG(q), A, divergence=divergence, delta_low=lo, delta_high=hi),
+                what=f"the mask ({divergence})")

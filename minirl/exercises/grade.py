@@ -7,7 +7,7 @@ list, answer code under any name), but not a replaced ``check``. This command re
 cannot reach the verdict:
 
 1. **Screen** every solution cell of the submission (``screen``, read with ``ast``, never run): a cell that imports
-   anything but torch, math, typing, collections.abc and minirl.checks, names eval / exec / getattr / globals /
+   anything but torch, math, re, typing, collections.abc and minirl.checks, names eval / exec / getattr / globals /
    open / type / ..., reads an attribute beginning with "_", defines a class, assigns to or deletes anything it did
    not create (``exercises.check = ...``, ``torch.allclose = ...``), or uses the checker other than by calling
    ``exercises.check``, ``exercises.list_exercises`` or ``experiments.predict`` is refused, and the notebook's
@@ -47,7 +47,8 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parents[2] / "notebooks" / "exercises"
 SEEDS = (0, 2024)  # the check cell's seed and the hidden tests'
-ALLOWED_IMPORTS = ("torch", "torch.nn", "torch.nn.functional", "math", "typing", "collections.abc", "minirl.checks")
+ALLOWED_IMPORTS = ("torch", "torch.nn", "torch.nn.functional", "math", "re", "typing", "collections.abc",
+                   "minirl.checks")
 REFUSED_NAMES = {"eval", "exec", "compile", "__import__", "globals", "locals", "vars", "getattr", "setattr", "delattr",
                  "open", "input", "breakpoint", "memoryview", "type", "object", "super", "__builtins__", "In", "Out",
                  "get_ipython", "exit", "quit"}
