@@ -27,6 +27,7 @@ import torch
 
 from minirl import distill, entropy, gsm8k, kl, losses, multiturn, reward_models, stale_corrections, trust_region
 from minirl.exercises import _reference
+from minirl.minimal import distill as minimal_distill
 
 
 def _private_copy(module):
@@ -555,6 +556,49 @@ def bon_no_check(proxy, gold, ns):
 
 
 
+# --- 09 · rewards_to_go (the one-file distillation's advantages) -------------------------------------------------
+def _rtg(rewards, mask, gamma, *, forward=False, exclude_self=False, leak=False, joined=False):
+    r = rewards if leak else torch.where(mask > 0, rewards, 0.0)
+    if joined:  # one long row
+        out = _rtg(r.reshape(1, -1), torch.ones(1, r.numel()), gamma).reshape(r.shape)
+        return torch.where(mask > 0, out, 0.0)
+    out, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    steps = range(r.shape[1]) if forward else range(r.shape[1] - 1, -1, -1)
+    for t in steps:
+        if exclude_self:
+            out[:, t] = gamma * running
+            running = r[:, t] + gamma * running
+        else:
+            running = r[:, t] + gamma * running
+            out[:, t] = running
+    return torch.where(mask > 0, out, 0.0)
+
+
+def rtg_forward(rewards, mask, gamma):
+    return _rtg(rewards, mask, gamma, forward=True)
+
+
+def rtg_excludes_self(rewards, mask, gamma):
+    return _rtg(rewards, mask, gamma, exclude_self=True)  # sum over s > t
+
+
+def rtg_gamma_from_start(rewards, mask, gamma):
+    r = torch.where(mask > 0, rewards, 0.0) * gamma ** torch.arange(rewards.shape[1])
+    return torch.where(mask > 0, r.flip(1).cumsum(1).flip(1), 0.0)
+
+
+def rtg_no_discount(rewards, mask, gamma):
+    return _rtg(rewards, mask, 1.0)
+
+
+def rtg_padding_leaks(rewards, mask, gamma):
+    return _rtg(rewards, mask, gamma, leak=True)
+
+
+def rtg_rows_joined(rewards, mask, gamma):
+    return _rtg(rewards, mask, gamma, joined=True)
+
+
 # --- 12 · dppo_mask (the trust region anchored on the sampler) ---------------------------------------------------
 def _pq(lp, old):
     return lp.detach().exp(), old.detach().exp()
@@ -724,6 +768,12 @@ MISTAKES = [
     ("episode_gae", "an observation ends the episode", egae_observation_ends_episode, "across the observation"),
     ("episode_gae", "values left at the environment's tokens", egae_not_zeroed, "0 at the environment's tokens"),
     ("episode_gae", "values not detached", egae_values_not_detached, "constants"),
+    ("rewards_to_go", "a running sum from the start", rtg_forward, "BEFORE each token"),
+    ("rewards_to_go", "the token's own reward left out", rtg_excludes_self, "not s > t"),
+    ("rewards_to_go", "the discount from the start of the answer", rtg_gamma_from_start, "not from the start"),
+    ("rewards_to_go", "gamma ignored", rtg_no_discount, "gamma was ignored"),
+    ("rewards_to_go", "the padding's rewards summed", rtg_padding_leaks, "leaked into the sums"),
+    ("rewards_to_go", "the rows run together", rtg_rows_joined, "its own answer"),
     ("dppo_mask", "PPO's ratio bound", dmask_ratio_bound, "bounds the RATIO"),
     ("dppo_mask", "both sides bounded for every token", dmask_both_sides, "side the advantage PUSHES"),
     ("dppo_mask", "sides swapped", dmask_sides_swapped, "pushes p UP"),
@@ -773,6 +823,7 @@ MINIRL = {
     "episode_gae": multiturn.episode_gae,
     "bradley_terry_loss": reward_models.bradley_terry_loss,
     "best_of_n_gold": reward_models.best_of_n_gold,
+    "rewards_to_go": minimal_distill.rewards_to_go,
     "dppo_mask": trust_region.dppo_mask,
     "final_answer": lambda text: None if gsm8k.extract_answer(text) is None else float(gsm8k.extract_answer(text)),
 }
@@ -839,6 +890,15 @@ def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, th
     log_r = torch.where(valid, sampler_logprobs - logprobs, 0.0)
     mean = log_r.sum(-1) / valid.sum(-1).clamp(min=1)
     return (mean <= threshold).to(logprobs.dtype)  # the advantage's sign ignored
+'''),
+    "rewards_to_go": ("a running sum from the start", "BEFORE each token", '''
+def rewards_to_go(rewards, mask, gamma):
+    r = torch.where(mask > 0, rewards, 0.0)
+    out, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    for t in range(r.shape[1]):  # from the first token on
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return torch.where(mask > 0, out, 0.0)
 '''),
     "dppo_mask": ("PPO's ratio bound", "bounds the RATIO", '''
 def dppo_mask(logprobs, old_logprobs, advantages, *, divergence="tv", delta_low=0.2, delta_high=0.2):

@@ -1194,8 +1194,9 @@ def test_the_checkers_learned_reward_copies_agree_with_minirl():
 
 
 def test_the_checkers_trust_region_and_answer_copies_agree_with_minirl():
-    """Chapter 12's dppo_mask (both divergences, random deltas, A = 0 included) and chapter 13's final_answer (3,000
-    of the random case's texts and the hand cases) equal minirl's trust_region.dppo_mask and gsm8k.extract_answer."""
+    """Chapter 12's dppo_mask (both divergences, random deltas, A = 0 included), chapter 13's final_answer (3,000
+    of the random case's texts and the hand cases) and 09's rewards_to_go (padding holding garbage, an empty row)
+    equal minirl's trust_region.dppo_mask, gsm8k.extract_answer and the one-file distillation's rewards_to_go."""
     from minirl import gsm8k, trust_region
     from minirl.exercises.ch13 import random_text
 
@@ -1207,6 +1208,12 @@ def test_the_checkers_trust_region_and_answer_copies_agree_with_minirl():
             kw = dict(divergence=divergence, delta_low=lo, delta_high=hi)
             torch.testing.assert_close(R.dppo_mask(p.log(), q.log(), adv, **kw),
                                        trust_region.dppo_mask(p.log(), q.log(), adv, **kw))
+    from minirl.minimal import distill as minimal_distill
+
+    r, mask = torch.randn(6, 9, generator=g), (torch.arange(9) < torch.tensor([9, 4, 0, 1, 7, 9])[:, None]).float()
+    r = torch.where(mask > 0, r, torch.full_like(r, 1e3))  # garbage in the padding
+    for gamma in (0.0, 0.37, 1.0):
+        torch.testing.assert_close(R.rewards_to_go(r, mask, gamma), minimal_distill.rewards_to_go(r, mask, gamma))
     texts = [random_text(g) for _ in range(3000)] + [
         "#### 1,250", "72 clips, altogether.", "#### 5\n#### 6", "to -5 degrees.", "#### $15.20", "no idea", "3-5"]
     for text in texts:

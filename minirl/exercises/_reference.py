@@ -332,3 +332,13 @@ def final_answer(text):
     if not found:
         return None
     return float((found[0] if marked else found[-1]).replace(",", ""))
+
+
+def rewards_to_go(rewards, mask, gamma):
+    # each row backwards: A_t = r_t + gamma A_{t+1}, the padding's rewards read as 0, 0 outside the mask
+    r = torch.where(mask > 0, rewards, 0.0)
+    out, running = torch.zeros_like(r), torch.zeros_like(r[:, 0])
+    for t in range(r.shape[1] - 1, -1, -1):
+        running = r[:, t] + gamma * running
+        out[:, t] = running
+    return torch.where(mask > 0, out, 0.0)

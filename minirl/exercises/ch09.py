@@ -142,3 +142,63 @@ def _(fn, gen):
     _expect(out, want.detach(), what="the KL")
     w = torch.rand(3, 4, generator=gen)
     _expect(_grad(out, logits, w), torch.autograd.grad((want * w).sum(), logits)[0], what="the gradient")
+
+
+# ================================================================================================================
+# 09 · the one-file distillation's advantages: each token's reward-to-go (minirl/minimal/distill.py)
+
+ex = _exercise("rewards_to_go", "09", "rewards_to_go(rewards, mask, gamma) -> (B, T)",
+               "minirl.minimal.distill.rewards_to_go", ("minirl.minimal.distill.rewards_to_go",))
+RTG_FORWARD = ("this sums the rewards BEFORE each token (a running sum from the start): a token's action only "
+               "affects what comes after it, so A_t = sum over s >= t of gamma^(s - t) r_s, computed backwards")
+RTG_EXCLUDES_SELF = "the token's own reward is part of its reward-to-go: A_t = r_t + gamma A_{t+1}, s >= t, not s > t"
+RTG_GAMMA_FROM_START = ("the discount counts from the token itself, gamma^(s - t), not from the start of the "
+                        "answer, gamma^s")
+RTG_NO_DISCOUNT = "gamma was ignored: A_t = r_t + gamma A_{t+1}"
+RTG_PADDING_LEAKS = ("the padding's rewards leaked into the sums: read the rewards as 0 outside the mask before "
+                     "summing (the recursion runs through the padding)")
+RTG_ROWS_JOINED = "each row is its own answer: the sum stops at the row's end, it never runs on into the next row"
+
+
+@_case(ex, "three tokens by hand, gamma 0.5", RTG_FORWARD)
+def _(fn, gen):
+    # A_2 = 3; A_1 = 2 + 0.5 * 3 = 3.5; A_0 = 1 + 0.5 * 3.5 = 2.75
+    # running from the start: (1, 2.5, 4.25); s > t: (1.75, 1.5, 0); gamma^s: (2.75, 1.75, 0.75);
+    # no discount: (6, 5, 3)
+    _expect(fn(_t([[1.0, 2.0, 3.0]]), torch.ones(1, 3), 0.5), [[2.75, 3.5, 3.0]],
+            [([[1.0, 2.5, 4.25]], RTG_FORWARD), ([[1.75, 1.5, 0.0]], RTG_EXCLUDES_SELF),
+             ([[2.75, 1.75, 0.75]], RTG_GAMMA_FROM_START), ([[6.0, 5.0, 3.0]], RTG_NO_DISCOUNT)],
+            what="the rewards-to-go")
+
+
+@_case(ex, "gamma 0 (each token by itself) and gamma 1 (the whole rest)", RTG_NO_DISCOUNT)
+def _(fn, gen):
+    _expect(fn(_t([[1.0, 2.0, 3.0]]), torch.ones(1, 3), 0.0), [[1.0, 2.0, 3.0]], [([[6.0, 5.0, 3.0]], RTG_NO_DISCOUNT)],
+            what="the rewards-to-go at gamma 0")
+    _expect(fn(_t([[1.0, 2.0, 3.0]]), torch.ones(1, 3), 1.0), [[6.0, 5.0, 3.0]], what="the rewards-to-go at gamma 1")
+
+
+@_case(ex, "garbage in the padding, an empty row", RTG_PADDING_LEAKS)
+def _(fn, gen):
+    r = _t([[1.0, 2.0, 99.0, 99.0], [4.0, 99.0, 99.0, 99.0], [99.0, 99.0, 99.0, 99.0]])
+    mask = _prefix_mask([2, 1, 0], 4)
+    # (3, 2 | 0, 0), (4 | 0, 0, 0), nothing; with the padding summed in: 201, 200 and 301; the rows run together
+    # (row 0 on into row 1): 7, 6
+    _expect(fn(r, mask, 1.0), [[3.0, 2.0, 0, 0], [4.0, 0, 0, 0], [0.0, 0, 0, 0]],
+            [([[201.0, 200.0, 0, 0], [301.0, 0, 0, 0], [0.0, 0, 0, 0]], RTG_PADDING_LEAKS),
+             ([[7.0, 6.0, 0, 0], [4.0, 0, 0, 0], [0.0, 0, 0, 0]], RTG_ROWS_JOINED)], what="the rewards-to-go")
+
+
+@_case(ex, "two rows: each its own answer", RTG_ROWS_JOINED)
+def _(fn, gen):
+    # (2, 1) in each row; run on across the rows (flattened): (4, 3), (2, 1)
+    _expect(fn(_t([[1.0, 1.0], [1.0, 1.0]]), torch.ones(2, 2), 1.0), [[2.0, 1.0], [2.0, 1.0]],
+            [([[4.0, 3.0], [2.0, 1.0]], RTG_ROWS_JOINED)], what="the rewards-to-go")
+
+
+@_case(ex, "random rewards, lengths and gamma, against the definition", RTG_FORWARD)
+def _(fn, gen):
+    r = torch.randn(5, 7, generator=gen)
+    mask = _prefix_mask(torch.randint(0, 8, (5,), generator=gen).tolist(), 7)
+    gamma = float(torch.rand(1, generator=gen))
+    _expect(fn(r, mask, gamma), ref.rewards_to_go(r, mask, gamma), what="the rewards-to-go")
