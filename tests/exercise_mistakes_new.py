@@ -556,6 +556,46 @@ def bon_no_check(proxy, gold, ns):
 
 
 
+# --- 01 · reinforce_estimate (the policy gradient of a softmax bandit) -------------------------------------------
+def _onehot(actions, k):
+    return torch.nn.functional.one_hot(actions, k).double()
+
+
+def re_no_pi(logits, actions, rewards, *, baseline=0.0):
+    return ((rewards.double() - baseline)[:, None] * _onehot(actions, logits.shape[-1])).mean(0)
+
+
+def re_log_pi(logits, actions, rewards, *, baseline=0.0):
+    score = _onehot(actions, logits.shape[-1]) - torch.log_softmax(logits.double(), -1)
+    return ((rewards.double() - baseline)[:, None] * score).mean(0)
+
+
+def re_summed(logits, actions, rewards, *, baseline=0.0):
+    score = _onehot(actions, logits.shape[-1]) - torch.softmax(logits.double(), -1)
+    return ((rewards.double() - baseline)[:, None] * score).sum(0)
+
+
+def re_sign(logits, actions, rewards, *, baseline=0.0):
+    score = _onehot(actions, logits.shape[-1]) - torch.softmax(logits.double(), -1)
+    return -((rewards.double() - baseline)[:, None] * score).mean(0)
+
+
+def re_no_baseline(logits, actions, rewards, *, baseline=0.0):
+    score = _onehot(actions, logits.shape[-1]) - torch.softmax(logits.double(), -1)
+    return (rewards.double()[:, None] * score).mean(0)
+
+
+def re_baseline_added(logits, actions, rewards, *, baseline=0.0):
+    score = _onehot(actions, logits.shape[-1]) - torch.softmax(logits.double(), -1)
+    return ((rewards.double() + baseline)[:, None] * score).mean(0)
+
+
+def re_overflow(logits, actions, rewards, *, baseline=0.0):
+    e = logits.exp()  # exp(1000) = inf
+    score = _onehot(actions, logits.shape[-1]) - e / e.sum()
+    return ((rewards.double() - baseline)[:, None] * score).mean(0)
+
+
 # --- 09 · rewards_to_go (the one-file distillation's advantages) -------------------------------------------------
 def _rtg(rewards, mask, gamma, *, forward=False, exclude_self=False, leak=False, joined=False):
     r = rewards if leak else torch.where(mask > 0, rewards, 0.0)
@@ -768,6 +808,13 @@ MISTAKES = [
     ("episode_gae", "an observation ends the episode", egae_observation_ends_episode, "across the observation"),
     ("episode_gae", "values left at the environment's tokens", egae_not_zeroed, "0 at the environment's tokens"),
     ("episode_gae", "values not detached", egae_values_not_detached, "constants"),
+    ("reinforce_estimate", "the score without -pi", re_no_pi, "the gradient of the normaliser"),
+    ("reinforce_estimate", "log pi in the score", re_log_pi, "not the log-probabilities"),
+    ("reinforce_estimate", "summed over the samples", re_summed, "MEAN over the N samples"),
+    ("reinforce_estimate", "the loss's gradient (sign flipped)", re_sign, "gradient of the loss -E[r]"),
+    ("reinforce_estimate", "baseline ignored", re_no_baseline, "baseline was ignored"),
+    ("reinforce_estimate", "baseline added", re_baseline_added, "SUBTRACTED"),
+    ("reinforce_estimate", "exp overflows", re_overflow, "overflows to inf"),
     ("rewards_to_go", "a running sum from the start", rtg_forward, "BEFORE each token"),
     ("rewards_to_go", "the token's own reward left out", rtg_excludes_self, "not s > t"),
     ("rewards_to_go", "the discount from the start of the answer", rtg_gamma_from_start, "not from the start"),
@@ -890,6 +937,11 @@ def off_policy_sequence_mask(logprobs, sampler_logprobs, advantages, mask, *, th
     log_r = torch.where(valid, sampler_logprobs - logprobs, 0.0)
     mean = log_r.sum(-1) / valid.sum(-1).clamp(min=1)
     return (mean <= threshold).to(logprobs.dtype)  # the advantage's sign ignored
+'''),
+    "reinforce_estimate": ("the score without -pi", "the gradient of the normaliser", '''
+def reinforce_estimate(logits, actions, rewards, *, baseline=0.0):
+    onehot = torch.nn.functional.one_hot(actions, logits.shape[-1]).float()
+    return ((rewards - baseline)[:, None] * onehot).mean(0)  # the score taken as onehot(a) alone
 '''),
     "rewards_to_go": ("a running sum from the start", "BEFORE each token", '''
 def rewards_to_go(rewards, mask, gamma):

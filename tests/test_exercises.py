@@ -970,11 +970,11 @@ MISTAKES = [
 
 
 def test_kit_size():
-    """Every chapter 00 and 02-15 has exercises (10, the bridge to TRL, 13, the real model, and 14, multi-turn, one;
-    the others 2-6); every exercise has a reference solution in a notebook here."""
+    """Every chapter 00-15 has exercises (01, the policy gradient, 10, the bridge to TRL, 13, the real model, and 14,
+    multi-turn, one; the others 2-6); every exercise has a reference solution in a notebook here."""
     names = exercises.list_exercises()
     assert len(names) >= 38
-    assert all(len(exercises.list_exercises(chapter)) >= 1 for chapter in ("10", "13", "14"))
+    assert all(len(exercises.list_exercises(chapter)) >= 1 for chapter in ("01", "10", "13", "14"))
     for chapter in ("00", "02", "03", "04", "05", "06", "07", "08", "09", "11", "12", "15"):
         assert 2 <= len(exercises.list_exercises(chapter)) <= 6, chapter
     assert set(REFERENCE) == set(names)
@@ -1196,7 +1196,8 @@ def test_the_checkers_learned_reward_copies_agree_with_minirl():
 def test_the_checkers_trust_region_and_answer_copies_agree_with_minirl():
     """Chapter 12's dppo_mask (both divergences, random deltas, A = 0 included), chapter 13's final_answer (3,000
     of the random case's texts and the hand cases) and 09's rewards_to_go (padding holding garbage, an empty row)
-    equal minirl's trust_region.dppo_mask, gsm8k.extract_answer and the one-file distillation's rewards_to_go."""
+    equal minirl's trust_region.dppo_mask, gsm8k.extract_answer and the one-file distillation's rewards_to_go;
+    01's reinforce_estimate, averaged over the policy's arms, is pg_toy.true_gradient."""
     from minirl import gsm8k, trust_region
     from minirl.exercises.ch13 import random_text
 
@@ -1214,6 +1215,13 @@ def test_the_checkers_trust_region_and_answer_copies_agree_with_minirl():
     r = torch.where(mask > 0, r, torch.full_like(r, 1e3))  # garbage in the padding
     for gamma in (0.0, 0.37, 1.0):
         torch.testing.assert_close(R.rewards_to_go(r, mask, gamma), minimal_distill.rewards_to_go(r, mask, gamma))
+    from minirl import pg_toy
+
+    logits, rewarded = torch.randn(1, 5, generator=g, dtype=torch.float64), torch.tensor([[1, 0, 1, 0, 0]])
+    pi = logits.softmax(-1)[0]  # the estimate's mean, every arm weighted by its probability: the exact gradient
+    mean = sum(pi[a] * R.reinforce_estimate(logits[0], torch.tensor([a]), rewarded[0, a:a + 1].double(), baseline=0.3)
+               for a in range(5))
+    torch.testing.assert_close(mean, pg_toy.true_gradient(logits, rewarded)[0])
     texts = [random_text(g) for _ in range(3000)] + [
         "#### 1,250", "72 clips, altogether.", "#### 5\n#### 6", "to -5 degrees.", "#### $15.20", "no idea", "3-5"]
     for text in texts:

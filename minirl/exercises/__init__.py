@@ -13,7 +13,7 @@ Usage in a notebook::
 """
 
 # each chapter's module adds its exercises to EXERCISES
-from . import ch00, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13, ch14, ch15  # noqa: F401
+from . import ch00, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, ch11, ch12, ch13, ch14, ch15  # noqa: F401
 from ._core import EXERCISES, Exercise, check, list_exercises, watch_all
 
 watch_all()  # fingerprint the checker before any student code runs (the import is a notebook's first cell)

@@ -342,3 +342,10 @@ def rewards_to_go(rewards, mask, gamma):
         running = r[:, t] + gamma * running
         out[:, t] = running
     return torch.where(mask > 0, out, 0.0)
+
+
+def reinforce_estimate(logits, actions, rewards, *, baseline=0.0):
+    # mean over the samples of (r - b) times the score of a softmax policy, onehot(a) - pi
+    pi = torch.softmax(logits.double(), -1)
+    score = F.one_hot(actions, logits.shape[-1]).double() - pi  # (N, K)
+    return ((rewards.double() - baseline)[:, None] * score).mean(0)
