@@ -65,7 +65,7 @@ def task_and_models():
     arrow(ax, (7.2, c[1]), (7.8, r[1]))
     s = box(ax, 0.6, 0.35, 3.6, 0.8, "stage 1: SFT warm start\nlearns the format; stops at a target\n"
             "sampled accuracy, not at a step count", NOTE, size=8)
-    t = box(ax, 5.6, 0.35, 3.6, 0.8, "stage 2: RL (notebooks 01 to 08)\nraises the share of right answers\n"
+    t = box(ax, 5.6, 0.35, 3.6, 0.8, "stage 2: RL (lessons 01 on)\nraises the share of right answers\n"
             "from the reward alone", NOTE, size=8)
     arrow(ax, (4.2, s[1]), (5.6, t[1]), "partial on purpose:\nroom to improve", offset=(0, 0.08))
     return fig
@@ -107,7 +107,7 @@ def ppo_four_models():
     arrow(ax, (6.8, 3.35), (2.2, 3.35), "update the policy", offset=(0, 0.0))
     arrow(ax, (7.3, 1.4), (5.6, 0.35), "", rad=-0.25)
     ax.text(6.7, 0.2, "returns: the critic's target", fontsize=7, color="#444444")
-    ax.text(8.6, 0.55, "GRPO (02) drops the critic;\nat beta = 0 also the reference", fontsize=8, ha="center",
+    ax.text(8.6, 0.55, "GRPO (03) drops the critic;\nat beta = 0 also the reference", fontsize=8, ha="center",
             style="italic")
     return fig
 
