@@ -41,7 +41,9 @@ def verl_overrides(cfg: RLConfig, *, num_processes: int = 1) -> list[str]:
     = is_cap (truncation from above); token_mis / seq_mis -> the same with "is_cap_low_is_cap" (IcePop: weights
     outside the bounds zeroed); the sequence weight is exp of the summed log-ratios (clamped at +-20 nats).
     advantage rloo is the same estimator; reinforce_plus_plus(_baseline) whiten over the batch's TOKENS
-    (weighted by length, / sqrt(var + 1e-8)), minirl over its sequences (/ (std + adv_eps)): equal for one length.
+    (weighted by length, / sqrt(var + 1e-8), the variance over the B T tokens with Bessel's B T - 1), minirl over
+    its B sequences (/ (std + adv_eps), std with B - 1): for one length T, verl's advantages are minirl's (adv_eps
+    0) times sqrt((B T - 1) / (T (B - 1))), 1.027 at B = 16, T = 6 (tests/test_verl_presets.py).
 
     Raises:
         NotImplementedError: for switches not mapped: routing_replay (verl's router_replay R2/R3 records in other
