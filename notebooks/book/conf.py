@@ -21,7 +21,7 @@ project = "minirl"
 author = "minirl contributors"
 root_doc = "notebooks/book/index"
 include_patterns = ["README.md", "notebooks/[0-9][0-9]_*.ipynb", "notebooks/results/README.md",
-                    "notebooks/real_model.md", "notebooks/book/*.md",
+                    "notebooks/real_model.md", "notebooks/notation.md", "notebooks/book/*.md",
                     "notebooks/book/generated/*.md"]
 exclude_patterns = ["notebooks/book/_build/**"]
 
