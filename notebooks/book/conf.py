@@ -22,7 +22,7 @@ author = "minirl contributors"
 root_doc = "notebooks/book/index"
 include_patterns = ["README.md", "notebooks/[0-9][0-9]_*.ipynb", "notebooks/results/README.md",
                     "notebooks/real_model.md", "notebooks/notation.md", "notebooks/book/*.md",
-                    "notebooks/book/generated/*.md"]
+                    "notebooks/book/generated/*.md", "notebooks/exercises/[0-9][0-9]_*.ipynb"]
 exclude_patterns = ["notebooks/book/_build/**"]
 
 extensions = ["myst_nb"]
@@ -59,6 +59,14 @@ def _copy_mathjax(app, exc):
         copy_asset(source / part, target / (part if (source / part).is_dir() else Path(part).parent))
 
 
+def _exercise_as_released(app, docname, source):
+    """An exercise page shows what students get: the stored release (stubs, no hidden tests, no outputs), never the
+    teacher's source notebook with its solutions, whose path the lessons link to."""
+    if docname.startswith("notebooks/exercises/"):
+        source[0] = (ROOT / "notebooks" / "exercises" / "release" / (Path(docname).name + ".ipynb")).read_text()
+
+
 def setup(app):
+    app.connect("source-read", _exercise_as_released)
     app.connect("builder-inited", _generate)
     app.connect("build-finished", _copy_mathjax)
