@@ -62,8 +62,13 @@ def _copy_mathjax(app, exc):
 def _exercise_as_released(app, docname, source):
     """An exercise page shows what students get: the stored release (stubs, no hidden tests, no outputs), never the
     teacher's source notebook with its solutions, whose path the lessons link to."""
-    if docname.startswith("notebooks/exercises/"):
-        source[0] = (ROOT / "notebooks" / "exercises" / "release" / (Path(docname).name + ".ipynb")).read_text()
+    if not docname.startswith("notebooks/exercises/"):
+        return
+    release = ROOT / "notebooks" / "exercises" / "release" / (Path(docname).name + ".ipynb")
+    if release.exists():
+        source[0] = release.read_text()
+    elif "BEGIN SOLUTION" in source[0]:  # the student package has no release folder: its notebooks are the stubs
+        raise RuntimeError(f"{docname} holds solutions and there is no {release} to show instead")
 
 
 def setup(app):
