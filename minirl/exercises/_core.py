@@ -91,8 +91,7 @@ def _case(ex: Exercise, name: str, hint: str):
 
 
 def list_exercises(chapter: str | None = None) -> list[str]:
-    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00", "02" ... "15"; lesson 01
-    has none).
+    """Names of the exercises, in syllabus order, optionally only those of one chapter ("00" ... "15").
 
     Returns:
         A list of names accepted by ``check``.
@@ -257,19 +256,20 @@ def watch_all() -> None:
     names = [n for n in list(sys.modules) if n.startswith("minirl.exercises") or n in answer_modules()]
     for n in sorted(names) + ["minirl.checks"]:
         watch(n, vars(importlib.import_module(n)))
-    for n, space in (("torch", vars(torch)), ("torch.autograd", vars(torch.autograd)),
-                     ("torch.nn.functional", vars(torch.nn.functional)), ("torch.Tensor", vars(torch.Tensor)),
-                     ("torch._C.TensorBase", vars(torch._C.TensorBase)), ("math", vars(math)),
-                     ("builtins", _builtins()),
-                     ("sys", {"setprofile": sys.setprofile, "getprofile": sys.getprofile, "modules": sys.modules})):
+    for n, space in _torch_and_python().items():
         watch(n, space)
     _SNAPSHOT["EXERCISES"] = _exercise_fingerprints()
 
 
-def _builtins() -> dict:
-    # Python's own functions and types only: IPython rebinds get_ipython, display, exit and quit around every cell
-    return {k: v for k, v in vars(builtins).items()
-            if not k.startswith("_") and isinstance(v, types.BuiltinFunctionType | type)}
+def _torch_and_python() -> dict:
+    """The namespaces of torch and Python that a comparison uses, as they are now. Of the builtins, Python's own
+    functions and types only: IPython rebinds get_ipython, display, exit and quit around every cell."""
+    return {"torch": vars(torch), "torch.autograd": vars(torch.autograd),
+            "torch.nn.functional": vars(torch.nn.functional), "torch.Tensor": vars(torch.Tensor),
+            "torch._C.TensorBase": vars(torch._C.TensorBase), "math": vars(math),
+            "builtins": {k: v for k, v in vars(builtins).items()
+                         if not k.startswith("_") and isinstance(v, types.BuiltinFunctionType | type)},
+            "sys": {"setprofile": sys.setprofile, "getprofile": sys.getprofile, "modules": sys.modules}}
 
 
 def _exercise_fingerprints() -> dict:
@@ -279,9 +279,7 @@ def _exercise_fingerprints() -> dict:
 
 def tamper_report() -> str | None:
     """The first watched attribute that differs from its fingerprint ("torch.allclose was replaced"), or None."""
-    live = {"builtins": _builtins(), "EXERCISES": _exercise_fingerprints(),
-            "sys": {"setprofile": sys.setprofile, "getprofile": sys.getprofile, "modules": sys.modules},
-            "torch.Tensor": vars(torch.Tensor), "torch._C.TensorBase": vars(torch._C.TensorBase)}
+    live = {**_torch_and_python(), "EXERCISES": _exercise_fingerprints()}
     for name, prints in _SNAPSHOT.items():
         if name == "EXERCISES":
             now = live[name]
