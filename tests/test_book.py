@@ -246,8 +246,13 @@ def test_search_finds_gspo(server, browser, site):
     page.goto(server + "search.html?q=GSPO", wait_until="load")
     page.wait_for_selector("ul.search li", timeout=20_000)
     found = page.eval_on_selector_all("ul.search li a", "links => links.map(a => a.href)")
+    page.wait_for_selector("ul.search li p.context", timeout=20_000)  # the snippets, fetched page by page
+    snippets = page.eval_on_selector_all("ul.search li p.context", "ps => ps.map(p => p.textContent)")
     page.close()
     assert any("algo_gspo" in link for link in found), found
+    # from the page's article, not the theme's header (it began "System Settings Light Dark" before)
+    assert snippets and not any("System Settings" in s or "Light Dark" in s for s in snippets), snippets[:3]
+    assert any("GSPO" in s or "gspo" in s for s in snippets), snippets[:3]
 
 
 def test_planted_faults_are_caught(site, server, browser):

@@ -43,6 +43,8 @@ html_title = "minirl"
 html_theme_options = {"show_toc_level": 2, "home_page_in_toc": True, "use_download_button": False,
                       "navigation_with_keys": False}
 html_extra_path = [str(BOOK / "root")]  # index.html at the site's root: a redirect to the book's first page
+html_static_path = [str(BOOK / "static")]
+html_js_files = ["search_snippets.js"]  # search snippets from the article, not the theme's header buttons
 html_copy_source = False  # the notebooks are in the repository; no second copy in the site
 html_show_sourcelink = False
 
