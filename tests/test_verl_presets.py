@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from minirl import advantages, config, entropy_control, rewards, rl, rl_update
+from minirl import config, entropy_control, rl, rl_update
 from minirl.interop import verl as verl_interop
 
 B_GROUPS, G, T = 4, 4, 6
@@ -112,19 +112,25 @@ def verl_loss(verl, ov: dict, b, adv: torch.Tensor, logprobs: torch.Tensor) -> t
     return loss
 
 
-def minirl_advantages_and_loss(cfg, b, logprobs: torch.Tensor, *, scale: float = 1.0):
-    """minirl's advantages (stage 3) and its update's loss on them (times ``scale``, verl's whitening factor)."""
-    adv, _, _ = rl.compute_advantages(b.scores, None, SimpleNamespace(completion_mask=b.mask), cfg, beta=cfg.beta)
+def minirl_loss(cfg, b, logprobs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """The loss minirl's update (``rl_update.update_minibatch``) adds up for one minibatch: the policy objective, and
+    beta times the KL term when the KL is in the loss."""
     B = len(b.scores)
     micro = rl_update.RLBatch(input_ids=torch.zeros(B, T, dtype=torch.long), attention_mask=torch.ones(B, T),
                               n_prompt_tokens=0, completion_mask=b.mask, loss_mask=b.mask, old_logprobs=b.old,
-                              advantages=adv * scale, ref_logprobs=b.ref)
+                              advantages=advantages, ref_logprobs=b.ref)
     denominator = rl_update.loss_denominator(b.mask, cfg)
     loss, _ = entropy_control.policy_objective(logprobs, None, b.old, micro, cfg, denominator=denominator,
                                                is_weights=None, state=None)
     if cfg.beta > 0 and cfg.kl_placement == "loss":
         loss = loss + cfg.beta * rl_update.kl_loss_term(logprobs, b.old, micro, cfg, denominator)
-    return adv, loss
+    return loss
+
+
+def minirl_advantages_and_loss(cfg, b, logprobs: torch.Tensor, *, scale: float = 1.0):
+    """minirl's advantages (stage 3) and its update's loss on them (times ``scale``, verl's whitening factor)."""
+    adv, _, _ = rl.compute_advantages(b.scores, None, SimpleNamespace(completion_mask=b.mask), cfg, beta=cfg.beta)
+    return adv, minirl_loss(cfg, b, logprobs, adv * scale)
 
 
 @pytest.mark.parametrize("name", presets())
@@ -169,12 +175,16 @@ def test_the_ppo_preset_computes_what_verl_computes_with_its_overrides(verl, see
     assert ov["algorithm.adv_estimator"] == "gae" and ov["algorithm.use_kl_in_reward"] == "True"
     b = batch(seed)
     values = torch.randn(b.mask.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    # minirl: stage 3 as rl.compute_advantages runs it, with the critic's values given
-    kl_tokens = rl.reference_kl(SimpleNamespace(completion_mask=b.mask, sampler_logprobs=None), b.old, b.ref, cfg)
-    token_rewards = rewards.token_level_rewards(b.scores, b.mask) - cfg.beta * kl_tokens
-    adv_m, ret_m = advantages.gae(token_rewards, values, b.mask, gamma=cfg.gamma, lam=cfg.lam)
-    assert cfg.whiten_advantages
-    adv_m = advantages.whiten(adv_m, b.mask)
+    # minirl: the library's stage 3 (rl.compute_advantages), with a critic that reads the fixed values
+    B = len(b.scores)
+    rollout = SimpleNamespace(completion_mask=b.mask, sampler_logprobs=None, n_prompt_tokens=1,
+                              input_ids=torch.zeros(B, 1 + T, dtype=torch.long), attention_mask=torch.ones(B, 1 + T))
+
+    def critic(input_ids, attention_mask):  # V after each position; token t's value is read at position t
+        return torch.cat([values, torch.zeros(B, 1, dtype=values.dtype)], 1)
+
+    kl_tokens = rl.reference_kl(rollout, b.old, b.ref, cfg)
+    adv_m, ret_m, _ = rl.compute_advantages(b.scores, kl_tokens, rollout, cfg, beta=cfg.beta, critic=critic)
     # verl
     last = (b.mask.sum(-1) - 1).long()
     scores_tokens = torch.zeros_like(b.old)
@@ -186,12 +196,7 @@ def test_the_ppo_preset_computes_what_verl_computes_with_its_overrides(verl, see
     torch.testing.assert_close(zero(adv_m, b.mask), zero(adv_v, b.mask), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(zero(ret_m, b.mask), zero(ret_v, b.mask), atol=1e-6, rtol=1e-5)  # float32 in minirl
     lp_m, lp_v = b.logprobs.clone().requires_grad_(), b.logprobs.clone().requires_grad_()
-    micro = rl_update.RLBatch(input_ids=torch.zeros(len(last), T, dtype=torch.long), attention_mask=b.mask,
-                              n_prompt_tokens=0, completion_mask=b.mask, loss_mask=b.mask, old_logprobs=b.old,
-                              advantages=adv_m, ref_logprobs=b.ref)
-    loss_m, _ = entropy_control.policy_objective(lp_m, None, b.old, micro, cfg,
-                                                 denominator=rl_update.loss_denominator(b.mask, cfg), is_weights=None,
-                                                 state=None)
+    loss_m = minirl_loss(cfg, b, lp_m, adv_m)
     loss_v = verl_loss(verl, ov, b, adv_v, lp_v)
     assert float(loss_m) == pytest.approx(float(loss_v), abs=1e-7, rel=1e-6)
     loss_m.backward(), loss_v.backward()
