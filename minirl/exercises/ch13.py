@@ -32,22 +32,20 @@ TAIL_WINDOW = ("the whole text is searched: an answer followed by a long tail is
 NOT_FLOAT = "return a float (or None), e.g. 1250.0, not a string or an int"
 
 
+def _same(got, want) -> bool:
+    if got is None or want is None:
+        return got is want
+    return isinstance(got, float) and abs(got - want) <= 1e-9 * max(1.0, abs(want))
+
+
 def _expect_number(got, want, mistakes=(), what="the answer"):
-    if want is None:
-        if got is not None:
-            hint = next((h for w, h in mistakes if w == got), None)
-            raise _Mismatch(hint, f"{what}: got {got!r}, expected None")
+    """Pass if ``got`` is ``want`` (a float, or None); else raise the hint of the known mistake whose value it is."""
+    if _same(got, want):
         return
-    if got is None or isinstance(got, bool) or not isinstance(got, int | float):
-        hint = next((h for w, h in mistakes if w is None and got is None), None)
-        if got is not None and not isinstance(got, bool) and isinstance(got, str):
-            hint = NOT_FLOAT
-        raise _Mismatch(hint, f"{what}: got {got!r}, expected {want!r}")
-    if not isinstance(got, float):
-        raise _Mismatch(NOT_FLOAT, f"{what}: got {got!r} ({type(got).__name__}), expected {want!r}")
-    if abs(got - want) <= 1e-9 * max(1.0, abs(want)):
-        return
-    hint = next((h for w, h in mistakes if w is not None and abs(got - w) <= 1e-9 * max(1.0, abs(w))), None)
+    if want is not None and isinstance(got, str | int) and not isinstance(got, bool):
+        hint = NOT_FLOAT  # "1250" or 1250 for 1250.0
+    else:
+        hint = next((h for w, h in mistakes if _same(got, w)), None)
     raise _Mismatch(hint, f"{what}: got {got!r}, expected {want!r}")
 
 
