@@ -322,3 +322,49 @@ def test_each_requirement_has_one_bound_and_environment_yml_lists_it():
     environment = (ROOT / "environment.yml").read_text()
     missing = [b for (b,) in bounds.values() if f"- {b}\n" not in environment]
     assert not missing, f"environment.yml lacks {missing}"
+
+
+# Issue 54, point 4: a lesson's checks are gathered in one code cell after every other code cell, and each check (a
+# top-level statement of that cell that asserts: an `assert`, or a loop or branch holding asserts) has one comment
+# line saying what it checks, at the end of its first line or on the line just above it.
+def code_source(cell: dict) -> str:
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in text(cell["source"]).splitlines())
+
+
+def asserts_in(node) -> bool:
+    return any(isinstance(n, ast.Assert) for n in ast.walk(node))
+
+
+def unexplained_checks(source: str) -> list[str]:
+    lines = source.splitlines()
+    comments = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source + "\n").readline)
+                if tok.type == tokenize.COMMENT}
+    bad = []
+    for node in ast.parse(source).body:
+        if asserts_in(node) and not {node.lineno, node.lineno - 1} & comments:
+            bad.append(f"line {node.lineno}: {lines[node.lineno - 1].strip()[:90]}")
+    return bad
+
+
+def check_cells(path: Path) -> list[int]:
+    return [i for i, c in enumerate(cells(path)) if c["cell_type"] == "code" and asserts_in(ast.parse(code_source(c)))]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_checks_are_gathered_in_one_cell_at_the_end(path):
+    found = check_cells(path)
+    code = [i for i, c in enumerate(cells(path)) if c["cell_type"] == "code"]
+    assert len(found) == 1, f"{path.name}: code cells {found} assert; gather the checks in one cell at the end"
+    assert found[0] == code[-1], f"{path.name}: the check cell {found[0]} is not the last code cell ({code[-1]})"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=ids)
+def test_each_check_says_what_it_checks(path):
+    bad = [f"cell {i}, {line}" for i in check_cells(path) for line in unexplained_checks(code_source(cells(path)[i]))]
+    assert not bad, f"{path.name}: checks without a comment line on or above them:\n" + "\n".join(bad)
+
+
+def test_a_check_without_its_comment_is_found():
+    assert unexplained_checks("x = 1\nassert x == 1\n") == ["line 2: assert x == 1"]
+    assert unexplained_checks("# x is one\nassert x == 1\nfor s in S:  # every seed positive\n    assert s > 0\n") == []
+    assert unexplained_checks("# one\nassert x\nassert y\n") == ["line 3: assert y"]
