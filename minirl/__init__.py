@@ -30,8 +30,8 @@ Every module, by layer:
   ``__main__`` (the command line).
 - the course kit: exercises (the exercises' checker).
 
-The names below are the public API (README.md describes it); the warm start is ``minirl.warm_start.warm_start`` (not
-re-exported: the module keeps its name).
+The names below are the public API (notebooks/reference.md maps the package); the warm start is
+``minirl.warm_start.warm_start`` (not re-exported: the module keeps its name).
 """
 
 from .advantages import (

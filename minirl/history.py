@@ -1,7 +1,7 @@
 """History: the per-step metrics of a run, one dict per row, saved as JSONL or CSV.
 
-The loops log one row per step (and a step-0 row of held-out metrics before training); README.md's glossary says
-what each logged metric means and in which unit.
+The loops log one row per step (and a step-0 row of held-out metrics before training); the glossary of
+notebooks/reference.md says what each logged metric means and in which unit.
 """
 
 from __future__ import annotations

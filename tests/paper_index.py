@@ -3,9 +3,9 @@ minirl's docstrings.
 
 One row per (paper, equation, function): every entry of a ``Source:`` line (entries are separated by ";" or by a
 sentence) is split into the paper it names and the equations or sections it cites, so a function that implements
-three papers' equations has three rows. Entries that cite engine source (TRL, verl) first are left out: engines are
-not papers, and README.md's name table (minirl | TRL | verl) holds them. Rows are sorted by paper, then by equation
-(numerically). Each function is linked to the test that checks it by a marker comment directly above that test:
+three papers' equations has three rows. Entries that cite engine source (TRL, verl) first are left out: engines
+are not papers, and notebooks/reference.md's name table (minirl | TRL | verl) holds them. Rows are sorted by
+paper, then by equation (numerically). Each function is linked to the test that checks it by a marker comment directly above that test:
 
     # paper-index: aggregation.aggregate
     def test_aggregate_docstring_example():
@@ -80,7 +80,7 @@ PAPERS = [
     ("Holtzman et al. 2020 (nucleus sampling, top-p)", r"Holtzman"),
 ]
 #: Engine source a docstring cites beside its papers (an entry like "TRL 1.16 ``GRPOTrainer._compute_loss``"): not a
-#: paper, so not a row; README.md's name table maps minirl's names to the engines'.
+#: paper, so not a row; notebooks/reference.md's name table maps minirl's names to the engines'.
 ENGINES = re.compile(r"\bTRL\b|\bverl\b")
 
 EQUATION = re.compile(r"\b(?:eqs?\.|equations?|section|algorithm|thm\.|detail|lines?)\s*\d[\d.]*"

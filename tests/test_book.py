@@ -6,8 +6,9 @@ error, an image that does not load, a link inside the site to a page or anchor t
 stored figures are not all on its page, a preset of ``ALGORITHMS`` without its page, a search for "GSPO" that finds
 no page about it, any request that leaves the site (the book must work offline), and a build warning that is not
 on the short list below. ``test_planted_faults_are_caught`` plants a broken link, a raw ``$`` equation and a missing
-image in a page and checks that each is reported. Three screenshots (a lesson, an algorithm page, an estimator
-page) are written to notebooks/book/_build/screenshots/ for a person to look at.
+image in a page and checks that each is reported, and every page is checked for code of at most 100 columns that
+scrolls sideways. Four screenshots (a lesson, an algorithm page, an estimator page, a search for "GSPO") are
+written to notebooks/book/_build/screenshots/ for a person to look at.
 
 Needs the ``book`` extra and Chromium (Debian: ``apt-get install chromium``); skipped without them. Slow: a full
 build (about 35 s on 2 cores) and 35 pages in the browser (about 50 s).
@@ -51,10 +52,10 @@ from minirl.config import ALGORITHMS  # noqa: E402
 #: as plain text. Each lesson's "Your turn" links its exercise notebook, which the book leaves out for the same reason
 #: as the teacher's page (the source exercises hold the solutions): plain text too; a lesson without exercises yet
 #: (13) links the teacher's page.
-#: The three the build explains when it ends (notebooks/book/build.py): links to the teacher's page, left out of the
-#: book, and to the paper index's markdown (the book has its generated page). Exercise pages are in the book.
+#: The four the build explains when it ends (notebooks/book/build.py): links to the teacher's page, left out of the
+#: book, and to the paper index's markdown from the README and the reference (the book has its generated page).
 ALLOWED_WARNINGS = [r"README\.md:\d+: WARNING: Unknown source document 'notebooks/exercises/README'",
-                    r"README\.md:\d+: WARNING: Unknown source document 'notebooks/paper_index'",
+                    r"(README|notebooks/reference)\.md:\d+: WARNING: Unknown source document 'notebooks/paper_index'",
                     r"notebooks/\d\d_\w+\.ipynb:\d+: WARNING: Unknown source document 'notebooks/exercises/README'"]
 
 #: Pages a person should look at, saved as PNG: a lesson, an algorithm page, an estimator family.
@@ -79,6 +80,12 @@ CHECK_PAGE = r"""async () => {
   const images = [...document.querySelectorAll('img')];
   const broken = await Promise.all(images.map(img => img.decode().then(() => null, () => img.src)));
   for (const src of broken) if (src) problems.push('broken image: ' + src);
+  // code of at most 100 columns must fit its box: no sideways scrolling (notebooks/book/static/code_width.css)
+  for (const pre of document.querySelectorAll('div.highlight pre')) {
+    const longest = Math.max(...pre.textContent.split('\n').map(line => line.length));
+    if (longest <= 100 && pre.scrollWidth > pre.clientWidth + 1)
+      problems.push(`code of ${longest} columns scrolls sideways: ` + pre.textContent.trim().slice(0, 60));
+  }
   const figures = document.querySelectorAll('.cell_output img').length;
   const links = [...document.querySelectorAll('a[href]')].map(a => a.href);
   return {problems, figures, links, title: document.title};
@@ -248,6 +255,9 @@ def test_search_finds_gspo(server, browser, site):
     found = page.eval_on_selector_all("ul.search li a", "links => links.map(a => a.href)")
     page.wait_for_selector("ul.search li p.context", timeout=20_000)  # the snippets, fetched page by page
     snippets = page.eval_on_selector_all("ul.search li p.context", "ps => ps.map(p => p.textContent)")
+    shots = BOOK / "_build" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(shots / "search_gspo.png"))  # for a person to look at
     page.close()
     assert any("algo_gspo" in link for link in found), found
     # from the page's article, not the theme's header (it began "System Settings Light Dark" before)
@@ -256,11 +266,13 @@ def test_search_finds_gspo(server, browser, site):
 
 
 def test_planted_faults_are_caught(site, server, browser):
-    """A broken link, a raw $ equation and a missing image, planted in a copy of a real page, are each reported."""
+    """A broken link, a raw $ equation, a missing image and a 75-column line of code in a box too narrow for it,
+    planted in a copy of a real page, are each reported."""
     out = site[0]
     real = (out / "notebooks/book/generated/kl_estimators.html").read_text()
     planted = ('<p>Planted: $x^2 + \\alpha$ stays raw.</p><img src="no-such-figure.png" alt="planted">'
-               '<a href="no-such-page.html">planted</a>')
+               '<a href="no-such-page.html">planted</a>'
+               '<div class="highlight"><pre style="width: 200px">' + "planted = 1  # " + "x" * 60 + '</pre></div>')
     (out / "notebooks/book/generated/planted.html").write_text(real.replace("</h1>", "</h1>" + planted, 1))
     try:
         result = read(browser, server + "notebooks/book/generated/planted.html")
@@ -270,3 +282,4 @@ def test_planted_faults_are_caught(site, server, browser):
     assert any(p.startswith("raw TeX: Planted") for p in problems), problems
     assert any(p.startswith("broken image:") and "no-such-figure.png" in p for p in problems), problems
     assert any("no-such-page.html (no such file)" in p for p in problems), problems
+    assert any(p.startswith("code of 75 columns scrolls sideways: planted") for p in problems), problems

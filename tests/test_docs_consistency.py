@@ -1,6 +1,6 @@
 """Docstrings that must not lag the code (issue 35): the presets rl.py and config.py name are ``ALGORITHMS``, the
 package docstring names every module, the command line's docstring every command; as
-``test_every_logged_metric_is_in_the_readme_glossary`` does for the README's glossary."""
+``test_every_logged_metric_is_in_the_reference_glossary`` does for the glossary of notebooks/reference.md."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ def test_command_line_docstring_names_every_command(capsys):
 
 
 def test_the_paper_index_holds_papers_not_engine_source():
-    """An entry that cites TRL or verl source first is no paper: left out of the index (the README's name table holds
-    the engines), while the papers of the same ``Source:`` line keep their rows."""
+    """An entry that cites TRL or verl source first is no paper: left out of the index (notebooks/reference.md's name
+    table holds the engines), while the papers of the same ``Source:`` line keep their rows."""
     import paper_index
 
     source = "Yao et al. 2025 (TIS); TRL 1.16 ``GRPOTrainer._compute_loss``; verl 0.9.1 ``rollout_is=token``"

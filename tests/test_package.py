@@ -73,6 +73,20 @@ def test_the_paper_index_is_up_to_date():
     assert "](notebooks/paper_index.md)" in (ROOT / "README.md").read_text()  # the README links to it
 
 
+def test_the_readme_is_what_a_newcomer_reads_first_and_links_the_reference():
+    """Issue 54, point 8: the README holds the two commands, the lessons, the one-file algorithms, your own task
+    and model and the book, within 16 KB; the name table, the glossary and the package map are one link away."""
+    readme = (ROOT / "README.md").read_text()
+    reference = (ROOT / "notebooks" / "reference.md").read_text()
+    assert len(readme.encode()) <= 16 * 1024, f"README.md is {len(readme.encode())} bytes"
+    for heading in ("## The two commands", "## The notebooks, in order", "## One algorithm, one file",
+                    "## Your own task", "## Your own model", "## The book"):
+        assert heading in readme, heading
+    for heading in ("## Names in minirl, TRL and verl", "## Glossary of logged metrics", "## The package"):
+        assert heading in reference and heading not in readme, heading
+    assert "](notebooks/reference.md)" in readme
+
+
 def test_every_indexed_function_has_a_marked_test_that_calls_it():
     """The index links each function to its test by a ``# paper-index:`` marker, not by whichever test happens to
     call it first; a marker must name a real function, and the test it sits on must mention that function."""
@@ -113,10 +127,11 @@ def test_the_paper_index_splits_every_cited_equation():
 
 
 @pytest.mark.slow
-def test_every_logged_metric_is_in_the_readme_glossary():
+def test_every_logged_metric_is_in_the_reference_glossary():
     """Short real runs that together log every key minirl writes into a History (PPO with its critic; SAPO on a MoE
     with the load-balancing loss, a mismatched sampler with TIS and both sweep probes; DPO, IPO and KTO), each key
-    looked up in the README's "Glossary of logged metrics" (a per-layer key ``x_l3`` is documented as ``x_l{i}``)."""
+    looked up in notebooks/reference.md's "Glossary of logged metrics" (a per-layer key ``x_l3`` is documented as
+    ``x_l{i}``)."""
     from minirl import preference_data, sweep
     from minirl import preference_loop as loop
 
@@ -147,11 +162,11 @@ def test_every_logged_metric_is_in_the_readme_glossary():
         model = models.tiny_dense(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
         cfg = loop.PrefConfig(method=method, steps=1, batch_size=2, max_new_tokens=8, progress=False)
         logged |= {k for row in loop.train_preference(model, tok, data, cfg, eval_data=test).rows for k in row}
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "notebooks" / "reference.md").read_text()
     glossary = text[text.index("## Glossary of logged metrics"):]
     glossary = glossary[:glossary.index("\n## ", 1)]
     documented = set(re.findall(r"`([a-z_0-9{}<>/]+)`", glossary))
     # a per-layer key x_l3 is documented as x_l{i}, a per-reward key rewards/answer_reward/mean as rewards/<name>/mean
     missing = {k for k in logged if re.sub(r"^rewards/.+/", "rewards/<name>/", re.sub(r"_l\d+$", "_l{i}", k))
                not in documented}
-    assert len(logged) > 80 and not missing, f"logged keys the README's glossary does not explain: {sorted(missing)}"
+    assert len(logged) > 80 and not missing, f"logged keys the reference's glossary does not explain: {sorted(missing)}"

@@ -22,7 +22,7 @@ project = "minirl"
 author = "minirl contributors"
 root_doc = "notebooks/book/index"
 include_patterns = ["README.md", "notebooks/[0-9][0-9]_*.ipynb", "notebooks/results/README.md",
-                    "notebooks/real_model.md", "notebooks/notation.md", "notebooks/book/*.md",
+                    "notebooks/real_model.md", "notebooks/notation.md", "notebooks/reference.md", "notebooks/book/*.md",
                     "notebooks/book/generated/*.md", "notebooks/exercises/[0-9][0-9]_*.ipynb"]
 exclude_patterns = ["notebooks/book/_build/**"]
 
@@ -45,6 +45,7 @@ html_theme_options = {"show_toc_level": 2, "home_page_in_toc": True, "use_downlo
 html_extra_path = [str(BOOK / "root")]  # index.html at the site's root: a redirect to the book's first page
 html_static_path = [str(BOOK / "static")]
 html_js_files = ["search_snippets.js"]  # search snippets from the article, not the theme's header buttons
+html_css_files = ["code_width.css"]  # code within 100 columns fits without sideways scrolling
 html_copy_source = False  # the notebooks are in the repository; no second copy in the site
 html_show_sourcelink = False
 

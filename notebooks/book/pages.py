@@ -32,26 +32,27 @@ _spec = importlib.util.spec_from_file_location("paper_index", ROOT / "tests" / "
 paper_index = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(paper_index)
 
-#: Key equations in LaTeX, by ``module.function``: r_t = pi_theta / pi_old of a sampled token, A its advantage,
+#: Key equations in LaTeX, by ``module.function``, in notebooks/notation.md's symbols: rho_t = pi_theta / pi_old of a
+#: sampled token, r_t a per-token reward, A its advantage,
 #: sg[.] stops the gradient, mu the sampler's policy, |y| a completion's length.
 EQUATIONS = {
-    "advantages.group_advantages": r"\hat A_i = \frac{r_i - \operatorname{mean}(r_1, \dots, r_G)}"
-                                   r"{\operatorname{std}(r_1, \dots, r_G) + \epsilon}"
-                                   r"\qquad\text{(Dr. GRPO: } \hat A_i = r_i - \operatorname{mean}(r_1, \dots, r_G))",
+    "advantages.group_advantages": r"\hat A_i = \frac{R_i - \operatorname{mean}(R_1, \dots, R_G)}"
+                                   r"{\operatorname{std}(R_1, \dots, R_G) + \epsilon}"
+                                   r"\qquad\text{(Dr. GRPO: } \hat A_i = R_i - \operatorname{mean}(R_1, \dots, R_G))",
     "advantages.gae": r"\delta_t = r_t + \gamma V(s_{t+1}) - V(s_t), \qquad "
                       r"\hat A_t = \sum_{l \ge 0} (\gamma\lambda)^l \, \delta_{t+l}",
-    "advantages.rloo_advantages": r"\hat A_i = r_i - \frac{1}{G-1} \sum_{j \ne i} r_j",
-    "advantages.reinforce_pp_advantages": r"\hat A_i = \frac{r_i - \operatorname{mean}_{\text{batch}}(r)}"
-                                          r"{\operatorname{std}_{\text{batch}}(r) + \epsilon}",
-    "advantages.reinforce_pp_baseline_advantages": r"c_i = r_i - \operatorname{mean}_{\text{group}}(r), \qquad "
+    "advantages.rloo_advantages": r"\hat A_i = R_i - \frac{1}{G-1} \sum_{j \ne i} R_j",
+    "advantages.reinforce_pp_advantages": r"\hat A_i = \frac{R_i - \operatorname{mean}_{\text{batch}}(R)}"
+                                          r"{\operatorname{std}_{\text{batch}}(R) + \epsilon}",
+    "advantages.reinforce_pp_baseline_advantages": r"c_i = R_i - \operatorname{mean}_{\text{group}}(R), \qquad "
                                                    r"\hat A_i = \frac{c_i}{\operatorname{std}_{\text{batch}}(c) + "
                                                    r"\epsilon}",
     "advantages.whiten": r"\hat A_t \leftarrow \frac{\hat A_t - \operatorname{mean}(\hat A)}"
                          r"{\operatorname{std}(\hat A) + \epsilon}",
-    "losses.token_clip_loss": r"\ell_t = -\min\big(r_t \hat A_t,\ \operatorname{clip}(r_t, 1 - \varepsilon_{\text{low}}"
-                              r", 1 + \varepsilon_{\text{high}}) \, \hat A_t\big), \qquad "
-                              r"r_t = \frac{\pi_\theta(y_t \mid x, y_{<t})}{\pi_{\text{old}}(y_t \mid x, y_{<t})}",
-    "losses.gspo_loss": r"s_i = \exp\Big(\frac{1}{|y_i|} \sum_t \log r_{i,t}\Big), \qquad "
+    "losses.token_clip_loss": r"\ell_t = -\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, "
+                              r"1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}}) \, \hat A_t\big), \qquad "
+                              r"\rho_t = \frac{\pi_\theta(y_t \mid x, y_{<t})}{\pi_{\text{old}}(y_t \mid x, y_{<t})}",
+    "losses.gspo_loss": r"s_i = \exp\Big(\frac{1}{|y_i|} \sum_t \log \rho_{i,t}\Big), \qquad "
                         r"\ell_i = -\min\big(s_i \hat A_i,\ \operatorname{clip}(s_i, 1 - \varepsilon_{\text{low}}, "
                         r"1 + \varepsilon_{\text{high}}) \, \hat A_i\big)",
     "losses.gspo_token_loss": r"s_{i,t} = \operatorname{sg}[s_i] \, \frac{\pi_\theta(y_{i,t})}"
@@ -59,14 +60,15 @@ EQUATIONS = {
                               r"\ell_{i,t} = -\min\big(s_{i,t} \hat A_{i,t},\ \operatorname{clip}(s_{i,t}, "
                               r"1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}}) \, \hat A_{i,t}\big)",
     "losses.cispo_loss": r"\ell_t = -\operatorname{sg}[w_t] \, \hat A_t \log \pi_\theta(y_t), \qquad "
-                         r"w_t = \operatorname{clip}(r_t, 1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}})"
-                         r"\ \text{or (one-sided)}\ \min(r_t, 1 + \varepsilon_{\text{high}})",
-    "losses.sapo_loss": r"\ell_t = -\frac{4}{\tau} \, \sigma\big(\tau (r_t - 1)\big) \, \hat A_t, \qquad "
+                         r"w_t = \operatorname{clip}(\rho_t, 1 - \varepsilon_{\text{low}}, "
+                         r"1 + \varepsilon_{\text{high}})\ \text{or (one-sided)}\ "
+                         r"\min(\rho_t, 1 + \varepsilon_{\text{high}})",
+    "losses.sapo_loss": r"\ell_t = -\frac{4}{\tau} \, \sigma\big(\tau (\rho_t - 1)\big) \, \hat A_t, \qquad "
                         r"\tau = \tau_{\text{pos}} \text{ if } \hat A_t > 0 \text{ else } \tau_{\text{neg}}",
     "losses.gmpo_loss": r"\ell_i = -\hat A_i \exp\Big(\frac{1}{|y_i|} \sum_t m_{i,t}\Big), \qquad "
-                        r"m_{i,t} = \begin{cases} \min(\log r_{i,t}, c_{i,t}) & \hat A_i > 0 \\ "
-                        r"\max(\log r_{i,t}, c_{i,t}) & \hat A_i < 0 \end{cases}, \quad "
-                        r"c_{i,t} = \operatorname{clip}(\log r_{i,t}, -\varepsilon_{\text{low}}, "
+                        r"m_{i,t} = \begin{cases} \min(\log \rho_{i,t}, c_{i,t}) & \hat A_i > 0 \\ "
+                        r"\max(\log \rho_{i,t}, c_{i,t}) & \hat A_i < 0 \end{cases}, \quad "
+                        r"c_{i,t} = \operatorname{clip}(\log \rho_{i,t}, -\varepsilon_{\text{low}}, "
                         r"\varepsilon_{\text{high}})",
     "losses.aggregate": r"\text{token-mean: } \frac{\sum_{i,t} \ell_{i,t}}{\sum_i |y_i|}, \quad "
                         r"\text{seq-mean-token-mean: } \frac{1}{B} \sum_i \frac{1}{|y_i|} \sum_t \ell_{i,t}, \quad "
@@ -85,11 +87,11 @@ EQUATIONS = {
                                 r"L_{\text{cache}} < |y| \le L_{\max} \\ -1 & L_{\max} < |y| \end{cases}",
     "group_filter.has_signal": r"0 < \big|\{ y_i : y_i \text{ correct} \}\big| < G",
     "importance.token_tis_weights": r"w_t = \min\Big(\frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}, C\Big)",
-    "importance.token_mis_weights": r"w_t = \rho_t \, \mathbb{1}[C_{\min} \le \rho_t \le C_{\max}], \qquad "
-                                    r"\rho_t = \frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}",
-    "importance.seq_tis_weights": r"w_i = \min\Big(\prod_t \rho_{i,t}, C\Big)",
-    "importance.seq_mis_weights": r"w_i = \prod_t \rho_{i,t} \; \mathbb{1}\Big[C_{\min} \le \prod_t \rho_{i,t} "
-                                  r"\le C_{\max}\Big]",
+    "importance.token_mis_weights": r"w_t = v_t \, \mathbb{1}[C_{\min} \le v_t \le C_{\max}], \qquad "
+                                    r"v_t = \frac{\pi_{\text{old}}(y_t)}{\mu(y_t)}",
+    "importance.seq_tis_weights": r"w_i = \min\Big(\prod_t \frac{\pi_{\text{old}}(y_{i,t})}{\mu(y_{i,t})}, C\Big)",
+    "importance.seq_mis_weights": r"w_i = W_i \; \mathbb{1}[C_{\min} \le W_i \le C_{\max}], \qquad "
+                                  r"W_i = \prod_t \frac{\pi_{\text{old}}(y_{i,t})}{\mu(y_{i,t})}",
     "preference.dpo_loss": r"-\log \sigma\Big(\beta \log \frac{\pi_\theta(y_w)}{\pi_{\text{ref}}(y_w)} - \beta \log "
                            r"\frac{\pi_\theta(y_l)}{\pi_{\text{ref}}(y_l)}\Big)",
     "preference.ipo_loss": r"\Big(\log \frac{\pi_\theta(y_w) \, \pi_{\text{ref}}(y_l)}{\pi_\theta(y_l) \, "
@@ -101,6 +103,99 @@ EQUATIONS = {
                              r"\pi_\theta(y_l) - \gamma\Big)",
 }
 
+#: Why each preset exists: the problem it answers, in a paragraph (an algorithm page opens with it).
+WHY = {
+    "ppo": "PPO (Schulman et al. 2017) reuses one batch of samples for several gradient steps and keeps each step "
+           "near the policy that sampled the batch by clipping the ratio $\\rho_t$: past the clip range a token's "
+           "gradient stops. For language models (Ziegler et al. 2019, InstructGPT) a reward arrives once, at the "
+           "end of a completion, so PPO trains a critic $V$ that predicts the reward still to come at every token; "
+           "GAE turns the final reward into a per-token advantage with it. A KL penalty to a frozen reference is "
+           "subtracted from the reward so the policy does not drift into text the reward was never checked on. "
+           "The price: a second network as large as the policy, trained beside it, and its errors in the "
+           "advantages.",
+    "grpo": "GRPO (Shao et al. 2024) drops PPO's critic: it samples $G$ completions of the same prompt and judges "
+            "each against its group, the advantage being its reward minus the group's mean, divided by the group's "
+            "standard deviation. No value network to hold or train, and a reward that speaks only at the end is "
+            "enough. It keeps PPO's clipped ratio and puts the KL to the reference in the loss, estimated per token "
+            "with $k_3$; each completion's tokens are averaged first, then the completions.",
+    "dr_grpo": "Liu et al. 2025 found two biases in GRPO. Dividing by the group's standard deviation gives the most "
+               "weight to prompts that are nearly always right or nearly always wrong; averaging each completion "
+               "over its own length makes a long wrong answer cost less per token than a short one, so wrong "
+               "answers grow long. Dr. GRPO removes both: the advantage is the reward minus the group mean, and the "
+               "loss sums over tokens and divides by a constant (rows times the generation budget), so every token "
+               "weighs the same.",
+    "dapo": "DAPO (Yu et al. 2025) gathers four changes from long chain-of-thought training. Clip-higher raises "
+            "the upper clip ($\\epsilon_\\text{high}$ 0.28 against 0.2) so unlikely tokens can grow and the entropy "
+            "does not collapse; dynamic sampling samples again until every group of the batch holds different "
+            "rewards (a group of equal rewards has zero advantage and teaches nothing); the token-mean loss "
+            "weighs every token the same, whatever its completion's length; overlong shaping penalises answers "
+            "that run into the length limit, softly from a margin before it. No KL term.",
+    "gspo": "GSPO (Zheng et al. 2025) argues that the token ratio is the wrong unit when the reward belongs to the "
+            "whole completion: a few noisy token ratios, frequent in a Mixture-of-Experts model whose routing "
+            "changes between sampling and training, make the update unstable. It takes one ratio per completion, "
+            "the geometric mean of its token ratios, and clips that. A mean of many log-ratios moves little, so "
+            "the clip range is narrow (3e-4 / 4e-4). In the paper's MoE training it made routing replay "
+            "unnecessary.",
+    "gspo_token": "GSPO-token is GSPO with room for a per-token advantage: each token's ratio takes the value of "
+                  "its completion's sequence ratio, with the token's own gradient path. With the same advantage on "
+                  "every token of a completion it equals GSPO, in value and gradient (tested); it exists for "
+                  "advantages that differ along a completion.",
+    "cispo": "CISPO (MiniMax 2025) observes that PPO's clip removes the gradient of exactly the tokens whose "
+             "probability moved most, often rare tokens that start a new line of reasoning. It keeps every "
+             "token's REINFORCE gradient and clips the importance weight instead, detached: the weight is capped "
+             "(here at $1 + 4$, one-sided) but the token still learns.",
+    "sapo": "SAPO (Gao et al. 2025) replaces the clip's hard edge with a smooth gate: a token's gradient is "
+            "weighted by a sigmoid-shaped function of its ratio that is 1 at ratio 1 and decays as the ratio moves "
+            "away, faster for negative advantages ($\\tau_\\text{neg} > \\tau_\\text{pos}$). Off-policy tokens are "
+            "damped, not cut, and a completion with a few bad tokens keeps the gradient of the others.",
+    "gmpo": "GMPO (Zhao et al. 2025) maximises the geometric mean of a completion's token terms instead of their "
+            "arithmetic mean, so one outlier token ratio moves the objective much less. The token ratios are "
+            "clipped in log space, with a wider range than PPO's (0.4).",
+    "rloo": "RLOO (Ahmadian et al. 2024, after Kool et al. 2019) is REINFORCE with a baseline that never sees the "
+            "completion it judges: each completion's baseline is the mean reward of the other $G - 1$ completions "
+            "of its prompt, which keeps the gradient unbiased (GRPO's group mean includes the completion itself). "
+            "One update per batch, so the ratio is 1 and no clip acts; no division by a standard deviation.",
+    "reinforce_pp": "REINFORCE++ (Hu et al. 2025) normalises the rewards over the whole batch, not per group: the "
+                    "mean and standard deviation over every completion of the step, argued to be more stable than "
+                    "statistics of a few samples of one prompt. PPO's clip is kept.",
+    "reinforce_pp_baseline": "REINFORCE++ with a baseline (Hu et al. 2025): the group mean is subtracted first, a "
+                             "per-prompt baseline for prompts of different difficulty, then the result is divided "
+                             "by the batch's standard deviation.",
+    "grpo_no_ref": "GRPO without its KL term, and without holding a reference model at all: recent recipes for "
+                   "verifiable rewards (DAPO, Dr. GRPO) drop the KL to the starting model, whose drift is not "
+                   "harmful in itself when the reward is checked by a rule. Not holding the reference saves a "
+                   "model's memory and a forward pass per step; lesson 04 measures how far the policy drifts "
+                   "without it.",
+}
+
+#: Where to read each paper an algorithm page cites: the start of its name in the ``Source:`` lines -> its address.
+PAPER_LINKS = {
+    "Schulman et al. 2017": "https://arxiv.org/abs/1707.06347",
+    "Schulman et al. 2016": "https://arxiv.org/abs/1506.02438",
+    "Schulman 2020": "http://joschu.net/blog/kl-approx.html",
+    "Shao et al. 2024": "https://arxiv.org/abs/2402.03300",
+    "Liu et al. 2025 (Dr. GRPO)": "https://arxiv.org/abs/2503.20783",
+    "Yu et al. 2025": "https://arxiv.org/abs/2503.14476",
+    "Zheng et al. 2025": "https://arxiv.org/abs/2507.18071",
+    "MiniMax 2025": "https://arxiv.org/abs/2506.13585",
+    "SAPO 2025": "https://arxiv.org/abs/2511.20347",
+    "GMPO 2025": "https://arxiv.org/abs/2507.20673",
+    "Ahmadian et al. 2024": "https://arxiv.org/abs/2402.14740",
+    "Hu et al. 2025": "https://arxiv.org/abs/2501.03262",
+    "Rafailov et al. 2023": "https://arxiv.org/abs/2305.18290",
+    "Azar et al. 2023": "https://arxiv.org/abs/2310.12036",
+    "Ethayarajh et al. 2024": "https://arxiv.org/abs/2402.01306",
+    "Meng, Xia & Chen 2024": "https://arxiv.org/abs/2405.14734",
+    "Yao et al. 2025": "https://fengyao.notion.site/off-policy-rl",
+}
+
+
+def paper_link(paper: str) -> str:
+    """``paper`` as a Markdown link when PAPER_LINKS knows where to read it, else as written."""
+    url = next((u for start, u in PAPER_LINKS.items() if paper.startswith(start)), None)
+    return f"[{paper}]({url})" if url else paper
+
+
 #: The estimator families: (page name, title, the functions it documents).
 FAMILIES = [
     ("kl_estimators", "KL estimators: k1, k2, k3",
@@ -111,6 +206,107 @@ FAMILIES = [
     ("preference_losses", "Preference losses: DPO, IPO, KTO, SimPO",
      ["preference.dpo_loss", "preference.ipo_loss", "preference.kto_loss", "preference.simpo_loss"]),
 ]
+
+
+ADVANTAGE_STEPS = {  # stage 3 of rl.compute_advantages, by (advantage, adv_scale); R_i. the rewards of group i
+    ("group", "group"): [("A_ij = (R_ij - mean R_i.) / (std R_i. + eps)", "group_advantages")],
+    ("group", "none"): [("A_ij = R_ij - mean R_i.", "group_advantages, no std")],
+    ("rloo", "none"): [("A_ij = R_ij - mean of the other G - 1 rewards of x_i", "rloo_advantages")],
+    ("reinforce_pp", "none"): [("A_ij = (R_ij - mean R) / (std R + eps)", "over the batch: reinforce_pp_advantages")],
+    ("reinforce_pp_baseline", "none"): [("c_ij = R_ij - mean R_i.", "the group's mean first"),
+                                        ("A_ij = c_ij / (std c + eps)", "std over the batch")],
+}
+
+
+def pseudocode(name: str) -> str:
+    """One RL step of ``rl.train_rl`` for a preset, read off its switches: the five stages of ``rl.py``, with the
+    function or setting that does each line. Raises ValueError past 100 columns (the book's code width)."""
+    cfg = config.make_config(name)
+    gae = cfg.advantage == "gae"
+    kl_reward, kl_loss = cfg.beta > 0 and cfg.kl_placement == "reward", cfg.beta > 0 and cfg.kl_placement == "loss"
+    eps = f"eps_low {cfg.eps_low}, eps_high {cfg.eps_high}"
+    rows = [("for step in 1 .. steps:", ""),
+            ("  # 1. rollout", ""),
+            ("  x_1 .. x_n = the next prompts", f"n = prompts_per_step = {cfg.prompts_per_step}"),
+            ("  y_i1 .. y_iG ~ pi_old( . | x_i)", f"G = group_size = {cfg.group_size}; pi_old: the weights now"),
+            ("  logp_old_t = log pi_old(y_t)", "per token, no gradient")]
+    if cfg.beta > 0:
+        rows.append(("  logp_ref_t = log pi_ref(y_t)", "the frozen reference"))
+    rows += [("  # 2. reward", ""), ("  R_ij = reward(x_i, y_ij)", "the reward functions, weighted")]
+    if cfg.overlong_shaping:
+        rows.append(("  R_ij += overlong_penalty(|y_ij|)", f"cache zone {cfg.overlong_cache_len} tokens"))
+    if cfg.dynamic_sampling:
+        rows += [("  keep groups with 0 < #correct < G", "has_signal"),
+                 ("  repeat 1-2 until n groups are kept", f"at most max_gen_batches = {cfg.max_gen_batches} rounds")]
+    rows.append(("  # 3. advantages", ""))
+    if gae:
+        rows.append(("  r_t = R_i at the last token, else 0", "token_level_rewards"))
+        if kl_reward:
+            rows.append((f"  r_t = r_t - beta * {cfg.kl_estimator}_t", f"beta = {cfg.beta}, detached: kl_in_reward"))
+        rows += [("  V_t = critic(x, y_<t)", "the value model"),
+                 ("  A_t, returns_t = GAE(r, V)", f"gae: gamma {cfg.gamma}, lam {cfg.lam}")]
+        if cfg.whiten_advantages:
+            rows.append(("  A_t = (A_t - mean A) / (std A + eps)", "whiten, over the batch's tokens"))
+    else:
+        rows += [("  " + code, note) for code, note in ADVANTAGE_STEPS[(cfg.advantage, cfg.adv_scale)]]
+    rows += [("  # 4. optimise", ""), (f"  for epoch in 1 .. {cfg.num_iterations}:", "num_iterations"),
+             (f"    for each of {cfg.num_minibatches} minibatches:", "num_minibatches")]
+    ratio = ("      rho_t = exp(log pi_theta(y_t) - logp_old_t)", "with gradient")
+    seq_ratio = ("      s_i = exp(mean_t (log pi_theta(y_it) - logp_old_it))", "the sequence ratio")
+    if cfg.loss_mode == "cispo":
+        rows += [ratio, ("      w_t = sg[min(rho_t, 1 + eps_high)]", f"detached, eps_high {cfg.eps_high}"),
+                 ("      l_t = -w_t * A * log pi_theta(y_t)", "cispo_loss")]
+    elif cfg.loss_mode == "sapo":
+        rows += [ratio, ("      tau = tau_pos if A > 0 else tau_neg", f"{cfg.tau_pos}, {cfg.tau_neg}"),
+                 ("      l_t = -(4 / tau) sigmoid(tau (rho_t - 1)) A", "sapo_loss: a soft gate")]
+    elif cfg.loss_mode == "gmpo":
+        rows += [ratio, ("      m_t = clip(log rho_t, -eps_low, eps_high)", f"{eps}; the pessimistic side"),
+                 ("      l_i = -A_i exp(mean_t m_t)", "gmpo_loss: the geometric mean")]
+    elif cfg.level == "sequence":
+        rows += [seq_ratio, ("      l_i = -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)", "gspo_loss"),
+                 ("", eps)]
+    elif cfg.level == "sequence-token":
+        rows += [seq_ratio, ("      s_it = sg[s_i] pi_theta(y_t) / sg[pi_theta(y_t)]", "the token's gradient"),
+                 ("      l_it = -min(s_it A_it, clip(s_it, 1-eps_low, 1+eps_high) A_it)", ""), ("", eps)]
+    else:
+        rows += [ratio, ("      l_t = -min(rho_t A, clip(rho_t, 1-eps_low, 1+eps_high) A)", "token_clip_loss"),
+                 ("", eps)]
+    rows.append(("      L = aggregate(l)", f"agg = {cfg.agg!r}"))
+    if kl_loss:
+        rows.append((f"      L = L + beta * aggregate({cfg.kl_estimator}_t)", f"beta = {cfg.beta}: kl_in_loss"))
+    rows.append(("      theta <- AdamW step on grad L", f"grad norm clipped at {cfg.max_grad_norm}"))
+    if gae:
+        rows.append(("      critic <- AdamW step on value_loss(V, returns)", f"value_clip {cfg.value_clip}"))
+    rows.append(("  # 5. log one row of metrics", "History"))
+    width = 48  # the notes' column; a longer line keeps its note two spaces after it
+    lines = [f"{code:<{width - 2}}  # {note}" if note else code for code, note in rows]
+    too_wide = [line for line in lines if len(line) > 100]
+    if too_wide:
+        raise ValueError(f"pseudocode of {name!r} runs past 100 columns: {too_wide}")
+    return "\n".join(lines)
+
+
+def helpers(fn) -> list:
+    """The minirl functions ``fn`` calls by name from its own module or from ``checks`` (argument checks), then
+    theirs, in order of first call: the code a reader needs beside ``fn`` to copy it."""
+    found, todo = [], [fn]
+    while todo:
+        current = todo.pop(0)
+        tree = ast.parse(textwrap.dedent(inspect.getsource(current)))
+        for node in ast.walk(tree):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                target = current.__globals__.get(node.func.id)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and isinstance(node.func.value, ast.Name)):
+                module = current.__globals__.get(node.func.value.id)
+                if inspect.ismodule(module) and module.__name__ in ("minirl.checks", fn.__module__):
+                    target = getattr(module, node.func.attr, None)
+            if (inspect.isfunction(target) and target.__module__ in ("minirl.checks", fn.__module__)
+                    and target is not fn and target not in found):
+                found.append(target)
+                todo.append(target)
+    return found
 
 
 def preset_functions(name: str) -> list[str]:
@@ -138,13 +334,6 @@ def preset_functions(name: str) -> list[str]:
 def resolve(qualname: str):
     module, name = qualname.split(".")
     return getattr(importlib.import_module(f"minirl.{module}"), name)
-
-
-def header(fn) -> str:
-    """A function's ``def`` line(s) as written in its source (its signature, annotations unevaluated)."""
-    source = inspect.getsource(fn)
-    body = ast.parse(source).body[0].body[0]  # the docstring
-    return "\n".join(source.splitlines()[:body.lineno - 1])
 
 
 def anchor(qualname: str) -> str:
@@ -194,8 +383,8 @@ def _sections_md(sections: list[tuple[str, str, str]]) -> str:
 
 
 def function_md(qualname: str, tests: dict[str, list[str]]) -> str:
-    """The section of a page about one function: problem, equation and papers, signature and docstring, tests,
-    lessons."""
+    """The section of a page about one function: problem, equation and papers, its code in full with the helpers
+    it calls, tests, lessons."""
     fn = resolve(qualname)
     doc = inspect.getdoc(fn) or ""
     parts = [f"### `{qualname}`", "", summary(doc), ""]
@@ -203,9 +392,15 @@ def function_md(qualname: str, tests: dict[str, list[str]]) -> str:
         parts += ["$$", EQUATIONS[qualname], "$$", ""]
     cited = paper_index.entries(_sources().get(qualname, ""))
     if cited:
-        parts += ["| paper | equation |", "|---|---|"] + [f"| {p} | {e} |" for p, e in cited] + [""]
-    docstring = textwrap.indent(f'"""{doc}\n"""', "    ")
-    parts += ["```python", header(fn), docstring, "```", "", "**Tests that check it:** " +
+        parts += ["| paper | equation |", "|---|---|"] + [f"| {paper_link(p)} | {e} |" for p, e in cited] + [""]
+    parts += ["```python", inspect.getsource(fn).rstrip(), "```", ""]
+    called = helpers(fn)
+    if called:
+        parts += ["What it calls, to copy with it (its own module's helpers and `minirl.checks`' argument checks): " +
+                  ", ".join(f"`{h.__module__.removeprefix('minirl.')}.{h.__name__}`" for h in called) + ".", ""]
+        for h in called:
+            parts += ["```python", inspect.getsource(h).rstrip(), "```", ""]
+    parts += ["**Tests that check it:** " +
               (", ".join(f"`tests/{t}`" for t in tests.get(qualname, [])) or "none marked"), "",
               "**In the lessons:**", "", _sections_md(notebook_sections(qualname.split(".")[1])), ""]
     return "\n".join(parts)
@@ -243,10 +438,26 @@ def algorithm_page(name: str, tests: dict[str, list[str]]) -> str:
     comments = _field_comments()
     engines = interop.engine_equivalents()[name]
     functions = preset_functions(name)
+    minimal = ROOT / "minirl" / "minimal" / f"{name}.py"
+    cited = list(dict.fromkeys(p for q in functions for p, _ in paper_index.entries(_sources().get(q, ""))))
     lines = [f"# `{name}`: {_preset_comment(name).split(',')[0]}", "",
-             f"*Generated from `minirl/config.py` (`ALGORITHMS[{name!r}]`) and the docstrings of the functions it "
-             f"runs.*", "", "## What it is", "", _preset_comment(name) + ".", "",
-             "What each function it runs solves, in its own docstring's words:", ""]
+             f"*Generated from `minirl/config.py` (`ALGORITHMS[{name!r}]`), the functions it runs and their "
+             f"docstrings; the paragraph of why is written beside the generator (`notebooks/book/pages.py`).*", "",
+             "## Why", "", WHY[name], "", f"In `config.py`'s words: {_preset_comment(name)}.", "",
+             "## One step, in pseudocode", "",
+             f"What `rl.train_rl` does at every step under `make_config({name!r})`, read off the preset's switches "
+             "(`rl.py`'s five stages; each note names the function or setting):", "",
+             "```text", pseudocode(name), "```", "", "## The equations", ""]
+    for q in functions:
+        if q in EQUATIONS:
+            lines += [f"[`{q}`](#{anchor(q)}):", "", "$$", EQUATIONS[q], "$$", ""]
+    lines += ["## The papers", ""] + [f"- {paper_link(p)}" for p in cited] + ["", "## The code", ""]
+    if minimal.exists():
+        lines += [f"The whole algorithm in one file, to read top to bottom and to copy: "
+                  f"[`minirl/minimal/{name}.py`](minimal_{name}.md) (torch, transformers and the standard library "
+                  f"only; a test runs it beside the library's loop and compares every step).", ""]
+    lines += ["Each function the preset runs is shown in full below, with the helpers it calls; what each one "
+              "solves, in its docstring's words:", ""]
     lines += [f"- [`{q}`](#{anchor(q)}): {summary(inspect.getdoc(resolve(q)))}"
               for q in functions]
     lines += ["", "## The switches", "", f"`make_config({name!r})` sets these fields of `RLConfig` (every other "
