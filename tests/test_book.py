@@ -271,9 +271,12 @@ def test_planted_faults_are_caught(site, server, browser):
     out = site[0]
     real = (out / "notebooks/book/generated/kl_estimators.html").read_text()
     planted = ('<p>Planted: $x^2 + \\alpha$ stays raw.</p><img src="no-such-figure.png" alt="planted">'
-               '<a href="no-such-page.html">planted</a>'
-               '<div class="highlight"><pre style="width: 200px">' + "planted = 1  # " + "x" * 60 + '</pre></div>')
-    (out / "notebooks/book/generated/planted.html").write_text(real.replace("</h1>", "</h1>" + planted, 1))
+               '<a href="no-such-page.html">planted</a>')
+    # in the article, before its first code block (the first </h1> may sit in a hidden part of the page)
+    narrow = '<div class="highlight"><pre style="width: 200px">planted = 1  # ' + "x" * 60 + "</pre></div>"
+    planted_page = real.replace("</h1>", "</h1>" + planted, 1)
+    planted_page = planted_page.replace('<div class="highlight', narrow + '<div class="highlight', 1)
+    (out / "notebooks/book/generated/planted.html").write_text(planted_page)
     try:
         result = read(browser, server + "notebooks/book/generated/planted.html")
     finally:
