@@ -441,8 +441,6 @@ def algorithm_page(name: str, tests: dict[str, list[str]]) -> str:
     minimal = ROOT / "minirl" / "minimal" / f"{name}.py"
     cited = list(dict.fromkeys(p for q in functions for p, _ in paper_index.entries(_sources().get(q, ""))))
     lines = [f"# `{name}`: {_preset_comment(name).split(',')[0]}", "",
-             f"*Generated from `minirl/config.py` (`ALGORITHMS[{name!r}]`), the functions it runs and their "
-             f"docstrings; the paragraph of why is written beside the generator (`notebooks/book/pages.py`).*", "",
              "## Why", "", WHY[name], "", f"In `config.py`'s words: {_preset_comment(name)}.", "",
              "## One step, in pseudocode", "",
              f"What `rl.train_rl` does at every step under `make_config({name!r})`, read off the preset's switches "
@@ -475,6 +473,8 @@ def algorithm_page(name: str, tests: dict[str, list[str]]) -> str:
     lines += ["## In the lessons", "", f"Notebook sections whose code uses the preset `{name!r}`:", "",
               _sections_md(notebook_sections(f'"{name}"')), "", "## The functions", ""]
     lines += [function_md(q, tests) for q in functions]
+    lines += ["---", "", f"*Generated from `minirl/config.py` (`ALGORITHMS[{name!r}]`), the functions it runs and "
+              f"their docstrings; the paragraph of why is written beside the generator (`notebooks/book/pages.py`).*"]
     return "\n".join(lines)
 
 
