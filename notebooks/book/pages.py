@@ -368,7 +368,8 @@ def notebook_sections(word: str) -> list[tuple[str, str, str]]:
                 for line in text.splitlines():
                     if m := re.match(r"^(#{1,3})\s+(.+?)\s*$", line):
                         title = re.sub(r"[`*]", "", m.group(2))
-                        heading = (title, "" if m.group(1) == "#" else default_slugify(title))
+                        words = re.sub(r"\$[^$]*\$", "", title)  # MyST's anchor leaves a heading's maths out
+                        heading = (title, "" if m.group(1) == "#" else default_slugify(words))
             elif pattern.search(text) and (stem, *heading) not in out:
                 out.append((stem, *heading))
     return out
