@@ -98,7 +98,7 @@ def test_the_budgets_add_up_to_what_the_readme_says():
         assert sum(budgets[n] for n in names.split()) <= 360, (call, names)
     steps = int(re.search(r'^TRAIN_STEPS="\$\{GPU_CHECK_TRAIN_STEPS:-(\d+)\}"', text, re.M).group(1))
     readme = " ".join((ROOT / "notebooks" / "reference.md").read_text().split())  # "Tested with"; prose wraps anywhere
-    assert f"about {total // 60} minutes ({total} s) in all" in readme
+    assert f"about {round(total / 60)} minutes ({total} s) in all" in readme
     assert f"{steps} of its {config.PROFILES['gpu'].rl_steps} RL steps" in readme
     assert "One run has been measured on a GPU" in readme and "as three device calls (`GPU_CHECK_CALL=1|2|3`" in readme
     for notebook in ("03", "07"):

@@ -48,7 +48,7 @@ EQUATIONS = {
                                                    r"\hat A_i = \frac{c_i}{\operatorname{std}_{\text{batch}}(c) + "
                                                    r"\epsilon}",
     "advantages.whiten": r"\hat A_t \leftarrow \frac{\hat A_t - \operatorname{mean}(\hat A)}"
-                         r"{\operatorname{std}(\hat A) + \epsilon}",
+                         r"{\sqrt{\operatorname{var}(\hat A) + \epsilon}}",
     "losses.token_clip_loss": r"\ell_t = -\min\big(\rho_t \hat A_t,\ \operatorname{clip}(\rho_t, "
                               r"1 - \varepsilon_{\text{low}}, 1 + \varepsilon_{\text{high}}) \, \hat A_t\big), \qquad "
                               r"\rho_t = \frac{\pi_\theta(y_t \mid x, y_{<t})}{\pi_{\text{old}}(y_t \mid x, y_{<t})}",
@@ -106,9 +106,10 @@ EQUATIONS = {
 #: Why each preset exists: the problem it answers, in a paragraph (an algorithm page opens with it).
 WHY = {
     "ppo": "PPO (Schulman et al. 2017) reuses one batch of samples for several gradient steps and keeps each step "
-           "near the policy that sampled the batch by clipping the ratio $\\rho_t$: past the clip range a token's "
-           "gradient stops. For language models (Ziegler et al. 2019, InstructGPT) a reward arrives once, at the "
-           "end of a completion, so PPO trains a critic $V$ that predicts the reward still to come at every token; "
+           "near the policy that sampled the batch by clipping the ratio $\\rho_t$: once a token's ratio has left the "
+           "clip range in the direction its advantage pushes, its gradient stops. For language models (Ziegler et "
+           "al. 2019, InstructGPT) a reward arrives once, at the end of a completion, so PPO trains a critic $V$ "
+           "that predicts the reward still to come at every token; "
            "GAE turns the final reward into a per-token advantage with it. A KL penalty to a frozen reference is "
            "subtracted from the reward so the policy does not drift into text the reward was never checked on. "
            "The price: a second network as large as the policy, trained beside it, and its errors in the "
@@ -187,6 +188,10 @@ PAPER_LINKS = {
     "Ethayarajh et al. 2024": "https://arxiv.org/abs/2402.01306",
     "Meng, Xia & Chen 2024": "https://arxiv.org/abs/2405.14734",
     "Yao et al. 2025": "https://fengyao.notion.site/off-policy-rl",
+    "Ziegler et al. 2019": "https://arxiv.org/abs/1909.08593",
+    "Ouyang et al. 2022": "https://arxiv.org/abs/2203.02155",
+    "Huang et al. 2022": "https://iclr-blog-track.github.io/2022/03/25/ppo-implementation-details/",
+    "Tang & Munos 2025": "https://arxiv.org/abs/2506.09477",
 }
 
 
@@ -233,20 +238,21 @@ def pseudocode(name: str) -> str:
     if cfg.beta > 0:
         rows.append(("  logp_ref_t = log pi_ref(y_t)", "the frozen reference"))
     rows += [("  # 2. reward", ""), ("  R_ij = reward(x_i, y_ij)", "the reward functions, weighted")]
+    if cfg.dynamic_sampling:
+        rows += [("  keep groups with 0 < #correct < G", "has_signal, on the task's reward"),
+                 ("  repeat 1-2 until n groups are kept", f"at most max_gen_batches = {cfg.max_gen_batches} rounds")]
     if cfg.overlong_shaping:
         rows.append(("  R_ij += overlong_penalty(|y_ij|)", f"cache zone {cfg.overlong_cache_len} tokens"))
-    if cfg.dynamic_sampling:
-        rows += [("  keep groups with 0 < #correct < G", "has_signal"),
-                 ("  repeat 1-2 until n groups are kept", f"at most max_gen_batches = {cfg.max_gen_batches} rounds")]
     rows.append(("  # 3. advantages", ""))
     if gae:
         rows.append(("  r_t = R_i at the last token, else 0", "token_level_rewards"))
         if kl_reward:
-            rows.append((f"  r_t = r_t - beta * {cfg.kl_estimator}_t", f"beta = {cfg.beta}, detached: kl_in_reward"))
+            rows += [(f"  {cfg.kl_estimator}_t = {cfg.kl_estimator}(logp_old_t, logp_ref_t)", f"kl.{cfg.kl_estimator}"),
+                     (f"  r_t = r_t - beta * {cfg.kl_estimator}_t", f"beta = {cfg.beta}, detached: kl_in_reward")]
         rows += [("  V_t = critic(x, y_<t)", "the value model"),
                  ("  A_t, returns_t = GAE(r, V)", f"gae: gamma {cfg.gamma}, lam {cfg.lam}")]
         if cfg.whiten_advantages:
-            rows.append(("  A_t = (A_t - mean A) / (std A + eps)", "whiten, over the batch's tokens"))
+            rows.append(("  A_t = (A_t - mean A) / sqrt(var A + 1e-8)", "whiten, over the batch's tokens"))
     else:
         rows += [("  " + code, note) for code, note in ADVANTAGE_STEPS[(cfg.advantage, cfg.adv_scale)]]
     rows += [("  # 4. optimise", ""), (f"  for epoch in 1 .. {cfg.num_iterations}:", "num_iterations"),
@@ -273,10 +279,14 @@ def pseudocode(name: str) -> str:
                  ("", eps)]
     rows.append(("      L = aggregate(l)", f"agg = {cfg.agg!r}"))
     if kl_loss:
-        rows.append((f"      L = L + beta * aggregate({cfg.kl_estimator}_t)", f"beta = {cfg.beta}: kl_in_loss"))
-    rows.append(("      theta <- AdamW step on grad L", f"grad norm clipped at {cfg.max_grad_norm}"))
+        rows += [(f"      {cfg.kl_estimator}_t = {cfg.kl_estimator}(log pi_theta(y_t), logp_ref_t)",
+                  f"kl.{cfg.kl_estimator}, with gradient"),
+                 (f"      L = L + beta * aggregate({cfg.kl_estimator}_t)", f"beta = {cfg.beta}: kl_in_loss")]
     if gae:
-        rows.append(("      critic <- AdamW step on value_loss(V, returns)", f"value_clip {cfg.value_clip}"))
+        rows += [("      L = L + value_loss(V, returns)", f"the critic's own loss; value_clip {cfg.value_clip}"),
+                 ("      one AdamW step on grad L", f"policy and critic, each norm clipped at {cfg.max_grad_norm}")]
+    else:
+        rows.append(("      theta <- AdamW step on grad L", f"grad norm clipped at {cfg.max_grad_norm}"))
     rows.append(("  # 5. log one row of metrics", "History"))
     width = 48  # the notes' column; a longer line keeps its note two spaces after it
     lines = [f"{code:<{width - 2}}  # {note}" if note else code for code, note in rows]
@@ -286,27 +296,40 @@ def pseudocode(name: str) -> str:
     return "\n".join(lines)
 
 
-def helpers(fn) -> list:
-    """The minirl functions ``fn`` calls by name from its own module or from ``checks`` (argument checks), then
-    theirs, in order of first call: the code a reader needs beside ``fn`` to copy it."""
-    found, todo = [], [fn]
+def copy_with(fn) -> list[str]:
+    """The names of a docstring's "Copy with:" line: what its author says a copy of the function needs."""
+    line = re.search(r"^\s*Copy with:(.*(?:\n\s{6,}\S.*)*)", inspect.getdoc(fn) or "", re.M)
+    return re.findall(r"\w+", line.group(1)) if line else []
+
+
+def helpers(fn) -> tuple[list, list[tuple[str, object]]]:
+    """What ``fn`` needs beside it to be copied: (the minirl functions it calls by name from its own module or
+    from ``checks``, or names on its "Copy with:" line, then theirs, in order of first use; the constants that
+    line names, as (name, value))."""
+    found, constants, todo = [], [], [fn]
     while todo:
         current = todo.pop(0)
-        tree = ast.parse(textwrap.dedent(inspect.getsource(current)))
-        for node in ast.walk(tree):
-            target = None
+        named = []
+        for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(current)))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                target = current.__globals__.get(node.func.id)
+                named.append(current.__globals__.get(node.func.id))
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                   and isinstance(node.func.value, ast.Name)):
                 module = current.__globals__.get(node.func.value.id)
-                if inspect.ismodule(module) and module.__name__ in ("minirl.checks", fn.__module__):
-                    target = getattr(module, node.func.attr, None)
-            if (inspect.isfunction(target) and target.__module__ in ("minirl.checks", fn.__module__)
+                if inspect.ismodule(module) and module.__name__ in ("minirl.checks", current.__module__):
+                    named.append(getattr(module, node.func.attr, None))
+        for name in copy_with(current):
+            value = current.__globals__.get(name)
+            if inspect.isfunction(value):
+                named.append(value)
+            elif value is not None and not inspect.ismodule(value) and name not in dict(constants):
+                constants.append((name, value))
+        for target in named:
+            if (inspect.isfunction(target) and target.__module__.startswith("minirl.")
                     and target is not fn and target not in found):
                 found.append(target)
                 todo.append(target)
-    return found
+    return found, constants
 
 
 def preset_functions(name: str) -> list[str]:
@@ -334,6 +357,13 @@ def preset_functions(name: str) -> list[str]:
 def resolve(qualname: str):
     module, name = qualname.split(".")
     return getattr(importlib.import_module(f"minirl.{module}"), name)
+
+
+def defined(qualname: str) -> str:
+    """Where a function is defined, as ``module.function``: the key of the paper index and of the tests' markers
+    (``losses.cispo_loss`` is re-exported from ``clip_alternatives``)."""
+    fn = resolve(qualname)
+    return f"{fn.__module__.removeprefix('minirl.')}.{fn.__name__}"
 
 
 def anchor(qualname: str) -> str:
@@ -391,18 +421,22 @@ def function_md(qualname: str, tests: dict[str, list[str]]) -> str:
     parts = [f"### `{qualname}`", "", summary(doc), ""]
     if qualname in EQUATIONS:
         parts += ["$$", EQUATIONS[qualname], "$$", ""]
-    cited = paper_index.entries(_sources().get(qualname, ""))
+    cited = paper_index.entries(_sources().get(defined(qualname), ""))
     if cited:
         parts += ["| paper | equation |", "|---|---|"] + [f"| {paper_link(p)} | {e} |" for p, e in cited] + [""]
     parts += ["```python", inspect.getsource(fn).rstrip(), "```", ""]
-    called = helpers(fn)
-    if called:
-        parts += ["What it calls, to copy with it (its own module's helpers and `minirl.checks`' argument checks): " +
-                  ", ".join(f"`{h.__module__.removeprefix('minirl.')}.{h.__name__}`" for h in called) + ".", ""]
+    called, constants = helpers(fn)
+    if called or constants:
+        parts += ["What it needs beside it, to copy it (the helpers it calls, `minirl.checks`' argument checks and "
+                  "what its \"Copy with:\" line names): " + ", ".join(
+                      [f"`{h.__module__.removeprefix('minirl.')}.{h.__name__}`" for h in called]
+                      + [f"`{name}`" for name, _ in constants]) + ".", ""]
+        if constants:
+            parts += ["```python", *(f"{name} = {value!r}" for name, value in constants), "```", ""]
         for h in called:
             parts += ["```python", inspect.getsource(h).rstrip(), "```", ""]
     parts += ["**Tests that check it:** " +
-              (", ".join(f"`tests/{t}`" for t in tests.get(qualname, [])) or "none marked"), "",
+              (", ".join(f"`tests/{t}`" for t in tests.get(defined(qualname), [])) or "none marked"), "",
               "**In the lessons:**", "", _sections_md(notebook_sections(qualname.split(".")[1])), ""]
     return "\n".join(parts)
 
@@ -440,12 +474,14 @@ def algorithm_page(name: str, tests: dict[str, list[str]]) -> str:
     engines = interop.engine_equivalents()[name]
     functions = preset_functions(name)
     minimal = ROOT / "minirl" / "minimal" / f"{name}.py"
-    cited = list(dict.fromkeys(p for q in functions for p, _ in paper_index.entries(_sources().get(q, ""))))
+    cited = list(dict.fromkeys(p for q in functions for p, _ in paper_index.entries(_sources().get(defined(q), ""))))
+    cited.sort(key=lambda paper: paper.split(" (")[0] not in _preset_comment(name))  # the preset's own first
     lines = [f"# `{name}`: {_preset_comment(name).split(',')[0]}", "",
              "## Why", "", WHY[name], "", f"In `config.py`'s words: {_preset_comment(name)}.", "",
              "## One step, in pseudocode", "",
              f"What `rl.train_rl` does at every step under `make_config({name!r})`, read off the preset's switches "
-             "(`rl.py`'s five stages; each note names the function or setting):", "",
+             "(`rl.py`'s five stages; each note names the function or setting; the sizes are `RLConfig`'s defaults, "
+             "which a profile or the command line may change):", "",
              "```text", pseudocode(name), "```", "", "## The equations", ""]
     for q in functions:
         if q in EQUATIONS:
