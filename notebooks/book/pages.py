@@ -65,8 +65,8 @@ EQUATIONS = {
                          r"\min(\rho_t, 1 + \varepsilon_{\text{high}})",
     "losses.sapo_loss": r"\ell_t = -\frac{4}{\tau} \, \sigma\big(\tau (\rho_t - 1)\big) \, \hat A_t, \qquad "
                         r"\tau = \tau_{\text{pos}} \text{ if } \hat A_t > 0 \text{ else } \tau_{\text{neg}}",
-    "losses.gmpo_loss": r"\ell_i = -\hat A_i \exp\Big(\frac{1}{|y_i|} \sum_t m_{i,t}\Big), \qquad "
-                        r"m_{i,t} = \begin{cases} \min(\log \rho_{i,t}, c_{i,t}) & \hat A_i > 0 \\ "
+    "losses.gmpo_loss": r"\ell_i = -\hat A_i \exp\Big(\frac{1}{|y_i|} \sum_t u_{i,t}\Big), \qquad "
+                        r"u_{i,t} = \begin{cases} \min(\log \rho_{i,t}, c_{i,t}) & \hat A_i > 0 \\ "
                         r"\max(\log \rho_{i,t}, c_{i,t}) & \hat A_i < 0 \end{cases}, \quad "
                         r"c_{i,t} = \operatorname{clip}(\log \rho_{i,t}, -\varepsilon_{\text{low}}, "
                         r"\varepsilon_{\text{high}})",
@@ -266,8 +266,9 @@ def pseudocode(name: str) -> str:
         rows += [ratio, ("      tau = tau_pos if A > 0 else tau_neg", f"{cfg.tau_pos}, {cfg.tau_neg}"),
                  ("      l_t = -(4 / tau) sigmoid(tau (rho_t - 1)) A", "sapo_loss: a soft gate")]
     elif cfg.loss_mode == "gmpo":
-        rows += [ratio, ("      m_t = clip(log rho_t, -eps_low, eps_high)", f"{eps}; the pessimistic side"),
-                 ("      l_i = -A_i exp(mean_t m_t)", "gmpo_loss: the geometric mean")]
+        rows += [ratio, ("      c_t = clip(log rho_t, -eps_low, eps_high)", eps),
+                 ("      u_t = min(log rho_t, c_t) if A > 0 else max(log rho_t, c_t)", "the pessimistic side"),
+                 ("      l_i = -A_i exp(mean_t u_t)", "gmpo_loss: the geometric mean")]
     elif cfg.level == "sequence":
         rows += [seq_ratio, ("      l_i = -min(s_i A_i, clip(s_i, 1-eps_low, 1+eps_high) A_i)", "gspo_loss"),
                  ("", eps)]
