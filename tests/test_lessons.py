@@ -263,6 +263,11 @@ CALL_NEEDS = {"to_trl": "trl", "trl_kwargs": "trl"}
 LOCAL = {"minirl"} | {p.stem for p in (ROOT / "notebooks").rglob("*.py")}  # the package; scripts beside the lessons
 
 
+def code_source(cell: dict) -> str:
+    """A code cell's Python: shell and magic lines blanked (kept as empty lines, so line numbers still match)."""
+    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in text(cell["source"]).splitlines())
+
+
 def lesson_imports(path: Path) -> set[str]:
     """Top-level modules a lesson's code cells import (import lines; shell and magic lines left out), plus the
     optional modules of the minirl functions it calls (CALL_NEEDS)."""
@@ -270,8 +275,7 @@ def lesson_imports(path: Path) -> set[str]:
     for c in cells(path):
         if c["cell_type"] != "code":
             continue
-        source = "\n".join(line for line in text(c["source"]).splitlines() if not line.lstrip().startswith(("%", "!")))
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(ast.parse(code_source(c))):
             if isinstance(node, ast.Import):
                 found |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
@@ -327,10 +331,6 @@ def test_each_requirement_has_one_bound_and_environment_yml_lists_it():
 # Issue 54, point 4: a lesson's checks are gathered in one code cell after every other code cell, and each check (a
 # top-level statement of that cell that asserts: an `assert`, or a loop or branch holding asserts) has one comment
 # line saying what it checks, at the end of its first line or on the line just above it.
-def code_source(cell: dict) -> str:
-    return "\n".join("" if line.lstrip().startswith(("%", "!")) else line for line in text(cell["source"]).splitlines())
-
-
 def asserts_in(node) -> bool:
     return any(isinstance(n, ast.Assert) for n in ast.walk(node))
 
